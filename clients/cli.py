@@ -1,0 +1,116 @@
+"""uma-cli: talk to umad over its socket.
+
+Exit codes: 0 success, 2 server error (an error event, or the daemon unreachable),
+3 protocol error (a frame the client cannot decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import msgspec
+
+from uma_serve.clients.client import DEFAULT_SOCKET, CoreError, UmaClient, new_id
+from uma_serve.core import protocol as p
+
+EXIT_OK, EXIT_SERVER, EXIT_PROTOCOL = 0, 2, 3
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="uma-cli", description="Client for the UMA Serve daemon.")
+    ap.add_argument("--socket", default=DEFAULT_SOCKET, help="daemon socket (env UMA_SOCKET)")
+    ap.add_argument("--prompt", help="prompt text (default: read stdin)")
+    ap.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    ap.add_argument("--system", help="system message for --chat")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--stop", action="append", help="stop string (repeatable)")
+    ap.add_argument("--qos", choices=["interactive", "background"], default="interactive")
+    ap.add_argument("--no-stream", action="store_true", help="one answer frame instead of tokens")
+    ap.add_argument("--usage", action="store_true", help="print usage and timings to stderr")
+    ap.add_argument("--metrics", action="store_true", help="print the metrics snapshot (JSON)")
+    ap.add_argument("--info", action="store_true", help="print model and daemon info (JSON)")
+    ap.add_argument("--health", action="store_true", help="print the daemon's health (JSON)")
+    return ap
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(msgspec.to_builtins(obj), indent=2))
+
+
+def run(args: argparse.Namespace) -> int:
+    with UmaClient(args.socket) as client:
+        if args.metrics:
+            _print_json(client.metrics())
+            return EXIT_OK
+        if args.info:
+            _print_json(client.info())
+            return EXIT_OK
+        if args.health:
+            _print_json(client.health())
+            return EXIT_OK
+        text = args.prompt if args.prompt is not None else sys.stdin.read()
+        fields: dict[str, object] = {}
+        if args.chat:
+            msgs = [p.Message("system", args.system)] if args.system else []
+            fields["messages"] = [*msgs, p.Message("user", text)]
+        else:
+            fields["prompt"] = text
+        try:
+            request = p.Generate(
+                id=new_id(),
+                max_tokens=args.max_tokens,
+                temperature=args.temp,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                seed=args.seed,
+                stop=args.stop,
+                stream=not args.no_stream,
+                qos=args.qos,
+                **fields,  # type: ignore[arg-type]
+            )
+        except (msgspec.ValidationError, ValueError) as exc:
+            print(f"uma-cli: invalid request: {exc}", file=sys.stderr)
+            return EXIT_PROTOCOL
+        final = None
+        for event in client.stream(request):
+            if isinstance(event, p.TokenEvent):
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, p.CompletionEvent):
+                sys.stdout.write(event.text)
+                final = event
+            elif isinstance(event, p.EosEvent):
+                final = event
+        sys.stdout.write("\n")
+        if final is not None and args.usage:
+            info = {"usage": final.usage, "timings": final.timings, "reason": final.reason}
+            print(json.dumps(msgspec.to_builtins(info)), file=sys.stderr)
+        if final is not None and final.reason == "error":
+            return EXIT_SERVER
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        code = run(args)
+    except CoreError as exc:
+        print(f"uma-cli: {exc}", file=sys.stderr)
+        code = EXIT_SERVER
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        print(f"uma-cli: cannot reach the daemon at {args.socket}: {exc}", file=sys.stderr)
+        code = EXIT_SERVER
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        print(f"uma-cli: protocol error: {exc}", file=sys.stderr)
+        code = EXIT_PROTOCOL
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Socket client library for the core: async (multiplexed) and sync (one request at a time).
+
+The async client keeps one connection and many requests in flight, told apart by id; a
+reader task routes each event to its request's queue. The gateway and the bench use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from uma_serve.core import protocol as p
+
+DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")
+_FINAL = (p.EosEvent, p.CompletionEvent, p.ErrorEvent)
+
+
+class CoreError(Exception):
+    """An ``error`` event from the core, or a lost connection (code E_IO_001)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class AsyncUmaClient:
+    """One connection to the core; many concurrent requests over it."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._queues: dict[str, asyncio.Queue[p.Event | CoreError]] = {}
+        self._admin_ids = (f"admin-{n}" for n in itertools.count())
+        self._reader_task = asyncio.create_task(self._read_loop())
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, path: str = DEFAULT_SOCKET) -> AsyncUmaClient:
+        reader, writer = await asyncio.open_unix_connection(path, limit=p.DEFAULT_MAX_FRAME)
+        return cls(reader, writer)
+
+    async def _read_loop(self) -> None:
+        reason = CoreError(p.E_IO, "connection to the core closed")
+        try:
+            while True:
+                event = p.decode_event(await p.read_frame(self._reader, 1 << 30))
+                queue = self._queues.get(event.id) if event.id is not None else None
+                if queue is not None:
+                    queue.put_nowait(event)
+                elif isinstance(event, p.ErrorEvent):
+                    reason = CoreError(event.code, event.message)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except Exception as exc:  # a frame we cannot decode: the stream is unusable
+            reason = CoreError(p.E_PROTO, f"undecodable event from the core: {exc}")
+        finally:
+            self.closed = True
+            for queue in self._queues.values():
+                queue.put_nowait(reason)
+
+    async def _send(self, msg: Any) -> None:
+        if self.closed:
+            raise CoreError(p.E_IO, "connection to the core closed")
+        self._writer.write(p.encode(msg))
+        await self._writer.drain()
+
+    async def stream(self, request: p.Generate) -> AsyncIterator[p.Event]:
+        """Send a generation and yield its events up to and including the final one.
+
+        Raises CoreError for an ``error`` event or a lost connection. Leaving the loop early
+        (break, exception, task cancellation) cancels the request in the core.
+        """
+        queue: asyncio.Queue[p.Event | CoreError] = asyncio.Queue()
+        self._queues[request.id] = queue
+        done = False
+        try:
+            await self._send(request)
+            while True:
+                item = await queue.get()
+                if isinstance(item, CoreError):
+                    done = True
+                    raise item
+                if isinstance(item, p.ErrorEvent):
+                    done = True
+                    raise CoreError(item.code, item.message)
+                if isinstance(item, _FINAL):
+                    done = True
+                yield item
+                if done:
+                    return
+        finally:
+            self._queues.pop(request.id, None)
+            if not done and not self.closed:
+                try:
+                    self._writer.write(p.encode(p.Cancel(type="cancel", id=request.id)))
+                except Exception:
+                    pass
+
+    async def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
+        """Run a generation to its end; return the final event (text joined if streamed)."""
+        last: p.Event | None = None
+        async for event in self.stream(request):
+            last = event
+        assert isinstance(last, p.CompletionEvent | p.EosEvent)
+        return last
+
+    async def cancel(self, request_id: str) -> None:
+        await self._send(p.Cancel(type="cancel", id=request_id))
+
+    async def _admin(self, kind: type, **kw: Any) -> Any:
+        rid = next(self._admin_ids)
+        queue: asyncio.Queue[p.Event | CoreError] = asyncio.Queue()
+        self._queues[rid] = queue
+        try:
+            await self._send(kind(**kw, id=rid))
+            item = await queue.get()
+        finally:
+            self._queues.pop(rid, None)
+        if isinstance(item, CoreError):
+            raise item
+        if isinstance(item, p.ErrorEvent):
+            raise CoreError(item.code, item.message)
+        return item
+
+    async def metrics(self) -> dict[str, Any]:
+        return (await self._admin(p.MetricsRequest, type="metrics")).metrics
+
+    async def health(self) -> p.HealthEvent:
+        return await self._admin(p.HealthRequest, type="health")
+
+    async def info(self) -> p.InfoEvent:
+        return await self._admin(p.InfoRequest, type="info")
+
+    async def close(self) -> None:
+        self._reader_task.cancel()
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except Exception:
+            pass
+        self.closed = True
+
+
+class UmaClient:
+    """Blocking client: one request at a time on one connection (for scripts and uma-cli)."""
+
+    def __init__(self, path: str = DEFAULT_SOCKET, timeout: float | None = None) -> None:
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        self._sock.connect(path)
+
+    def __enter__(self) -> UmaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def send(self, msg: Any) -> None:
+        self._sock.sendall(p.encode(msg))
+
+    def send_raw(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def _read_exactly(self, n: int) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            chunk = self._sock.recv(n - got)
+            if not chunk:
+                raise CoreError(p.E_IO, "connection to the core closed")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def read_event(self) -> p.Event:
+        (length,) = p.HEADER.unpack(self._read_exactly(p.HEADER.size))
+        return p.decode_event(self._read_exactly(length))
+
+    def stream(self, request: p.Generate) -> Iterator[p.Event]:
+        """Yield a generation's events up to the final one; raise CoreError on an error."""
+        self.send(request)
+        while True:
+            event = self.read_event()
+            if event.id != request.id:
+                continue
+            if isinstance(event, p.ErrorEvent):
+                raise CoreError(event.code, event.message)
+            yield event
+            if isinstance(event, _FINAL):
+                return
+
+    def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
+        last = None
+        for last in self.stream(request):
+            pass
+        assert isinstance(last, p.CompletionEvent | p.EosEvent)
+        return last
+
+    def request(self, msg: Any) -> p.Event:
+        """Send an admin request (metrics, health, info) and return its answer."""
+        self.send(msg)
+        while True:
+            event = self.read_event()
+            if event.id == msg.id:
+                if isinstance(event, p.ErrorEvent):
+                    raise CoreError(event.code, event.message)
+                return event
+
+    def metrics(self) -> dict[str, Any]:
+        return self.request(p.MetricsRequest(type="metrics", id=new_id())).metrics
+
+    def health(self) -> p.HealthEvent:
+        return self.request(p.HealthRequest(type="health", id=new_id()))
+
+    def info(self) -> p.InfoEvent:
+        return self.request(p.InfoRequest(type="info", id=new_id()))

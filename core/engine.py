@@ -1,0 +1,334 @@
+"""The engine: a thread that runs ticks. Each tick executes one Plan with one llama_decode.
+
+    drain inbox -> plan = policy(snapshot) -> decode -> sample + detokenize -> hand off events
+
+The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``
+(an inbox under a Condition) and receives each tick's events through ``sink`` in one call.
+When there is no work the thread sleeps on the Condition: no polling, no fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from uma_serve.core import protocol as p
+from uma_serve.core.metrics import EngineMetrics
+from uma_serve.core.policy import (
+    Constraints,
+    EngineStats,
+    IBatchPolicy,
+    Phase,
+    Plan,
+    SchedulerState,
+)
+from uma_serve.core.runtime import Runtime, SamplingParams, Span
+from uma_serve.core.sequence import RequestKey, Sequence
+
+log = logging.getLogger("uma.engine")
+
+Outgoing = tuple[int, p.Event]  # (connection id, event)
+Sink = Callable[[list[Outgoing]], None]
+EWMA_ALPHA = 0.2
+
+
+@dataclass(frozen=True)
+class Submission:
+    key: RequestKey
+    request: p.Generate
+    prompt: list[int]
+    arrival_ns: int
+
+
+def _ewma(old: float, new: float) -> float:
+    return new if old <= 0 else EWMA_ALPHA * new + (1 - EWMA_ALPHA) * old
+
+
+class Engine:
+    def __init__(
+        self,
+        runtime: Runtime,
+        policy: IBatchPolicy,
+        constraints: Constraints,
+        sink: Sink,
+        metrics: EngineMetrics | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self.constraints = constraints
+        self.sink = sink
+        self.metrics = metrics or EngineMetrics()
+        self.metrics.kv_cells_total = runtime.n_ctx
+        self._rng = random.Random(seed)
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._stop_reason: str | None = None
+        self._free_seq_ids = list(range(runtime.params.n_seq))
+        self._waiting: deque[Sequence] = deque()
+        self._running: dict[int, Sequence] = {}  # seq_id -> sequence
+        self._stats = EngineStats()
+        self._max_prefill: int | None = None
+        self._out: list[Outgoing] = []
+        self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
+
+    # ---- thread-safe API (called from the I/O thread) ----
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, sub: Submission) -> None:
+        self._post("submit", sub)
+
+    def cancel(self, key: RequestKey) -> None:
+        self._post("cancel", key)
+
+    def cancel_connection(self, conn_id: int) -> None:
+        self._post("cancel_conn", conn_id)
+
+    def stop(self, reason: str) -> None:
+        """End every request with an eos (reason cancelled, detail ``reason``) and exit."""
+        with self._cond:
+            self._stop_reason = reason
+            self._cond.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _post(self, op: str, arg: object) -> None:
+        with self._cond:
+            self._inbox.append((op, arg))
+            self._cond.notify()
+
+    # ---- engine thread ----
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._inbox or self._running or self._stop_reason):
+                        self._cond.wait()
+                    ops = list(self._inbox)
+                    self._inbox.clear()
+                    stop = self._stop_reason
+                self._apply(ops)
+                if stop is not None:
+                    self._drain(stop)
+                    return
+                self._admit()
+                if self._running:
+                    self.step()
+                self._flush()
+        except Exception:
+            log.exception("engine thread crashed")
+            self._drain("engine failure", reason="error")
+            raise
+
+    def _apply(self, ops: list[tuple[str, object]]) -> None:
+        for op, arg in ops:
+            if op == "submit":
+                assert isinstance(arg, Submission)
+                self._waiting.append(Sequence(arg.key, arg.request, arg.prompt, arg.arrival_ns))
+            elif op == "cancel":
+                self._cancel(lambda s, key=arg: s.key == key, "cancelled by client")
+            elif op == "cancel_conn":
+                self._cancel(lambda s, c=arg: s.conn_id == c, "client disconnected")
+        self.metrics.waiting_sessions = len(self._waiting)
+
+    def _cancel(self, match: Callable[[Sequence], bool], detail: str) -> None:
+        """Idempotent: a request already finished or unknown is ignored."""
+        now = time.monotonic_ns()
+        for seq in [s for s in self._waiting if match(s)]:
+            self._waiting.remove(seq)
+            self._finish(seq, "cancelled", now, detail)
+        for seq in [s for s in self._running.values() if match(s)]:
+            self._finish(seq, "cancelled", now, detail)
+
+    def _admit(self) -> None:
+        now = time.monotonic_ns()
+        while self._waiting and self._free_seq_ids:
+            seq = self._waiting.popleft()
+            seq.seq_id = self._free_seq_ids.pop()
+            seq.admitted_ns = now
+            req = seq.request
+            seq.sampler = self.runtime.new_sampler(
+                SamplingParams(
+                    temperature=req.temperature,
+                    top_p=req.top_p,
+                    top_k=req.top_k,
+                    min_p=req.min_p,
+                    seed=req.seed,
+                    presence_penalty=req.presence_penalty,
+                    frequency_penalty=req.frequency_penalty,
+                    repeat_penalty=req.repeat_penalty,
+                ),
+                default_seed=self._rng.getrandbits(32),
+            )
+            self.runtime.seq_clear(seq.seq_id)
+            self._running[seq.seq_id] = seq
+            self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
+        self.metrics.waiting_sessions = len(self._waiting)
+        self.metrics.active_sessions = len(self._running)
+
+    def snapshot(self) -> SchedulerState:
+        views = tuple(s.view() for s in self._running.values())
+        return SchedulerState(sessions=views, stats=self._stats, now_ns=time.monotonic_ns())
+
+    def step(self) -> None:
+        """One tick: plan, decode, sample."""
+        constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
+        plan = self.policy.schedule_tick(self.snapshot(), constraints)
+        if plan.empty:
+            return
+        spans = [self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items]
+        t0 = time.perf_counter()
+        rc, rows = self.runtime.decode(spans)
+        ms = (time.perf_counter() - t0) * 1e3
+        if rc != 0:
+            self._decode_failed(rc, plan, spans)
+            return
+        self._record_tick(ms, plan)
+        now = time.monotonic_ns()
+        for item, span, row in zip(plan.items, spans, rows, strict=True):
+            seq = self._running[item.seq_id]
+            seq.n_past += len(span.tokens)
+            if item.phase is Phase.DECODE:
+                seq.next_token = None
+            elif not seq.pending_prefill:
+                seq.prefill_done_ns = now
+            if row >= 0:
+                self._on_logits(seq, row, now)
+        self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
+
+    def _span(self, seq_id: int, phase: Phase, n: int, logits: bool) -> Span:
+        seq = self._running[seq_id]
+        if phase is Phase.DECODE:
+            assert seq.next_token is not None
+            return Span(seq_id, seq.n_past, [seq.next_token], True)
+        tokens = seq.prompt[seq.n_past : seq.n_past + n]
+        return Span(seq_id, seq.n_past, tokens, logits and seq.n_past + n == len(seq.prompt))
+
+    def _record_tick(self, ms: float, plan: Plan) -> None:
+        n_decode = sum(1 for i in plan.items if i.phase is Phase.DECODE)
+        n_prefill = plan.n_tokens - n_decode
+        st = self._stats
+        base, per_tok = st.base_tick_ms_ewma, st.prefill_ms_per_token_ewma
+        if n_prefill == 0:
+            base = _ewma(base, ms)
+        elif n_prefill >= 8:
+            per_tok = _ewma(per_tok, max(ms - (base if n_decode else 0.0), 0.0) / n_prefill)
+        self._stats = EngineStats(
+            decode_ms_ewma=_ewma(st.decode_ms_ewma, ms),
+            base_tick_ms_ewma=base,
+            prefill_ms_per_token_ewma=per_tok,
+            last_tick_tokens=plan.n_tokens,
+            last_decode_failed=False,
+        )
+        self.metrics.record_tick(ms, n_decode, n_prefill)
+        if self._max_prefill is not None:  # recover gradually after a failed decode
+            self._max_prefill *= 2
+            if self._max_prefill >= self.constraints.n_batch:
+                self._max_prefill = None
+
+    def _decode_failed(self, rc: int, plan: Plan, spans: list[Span]) -> None:
+        self.metrics.decode_failures_total += 1
+        for span in spans:  # undo whatever part of the batch reached the cache
+            self.runtime.seq_trim(span.seq_id, span.pos)
+        self._stats = replace(self._stats, last_decode_failed=True)
+        n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
+        now = time.monotonic_ns()
+        if rc == 1 and n_prefill > 1:
+            self._max_prefill = max(n_prefill // 2, 1)
+            log.warning("no KV slot for %d tokens: shrinking prefill to %d", plan.n_tokens, self._max_prefill)
+            return
+        if rc == 1:  # decode alone does not fit: the longest sequence gives way
+            victim = max(self._running.values(), key=lambda s: s.n_past)
+            self._fail(victim, p.E_RUNTIME, "KV cache full: no slot for this sequence", now)
+            return
+        log.error("llama_decode returned %d: failing the batch's requests", rc)
+        for item in plan.items:
+            seq = self._running.get(item.seq_id)
+            if seq is not None:
+                self._fail(seq, p.E_RUNTIME, f"llama_decode failed (rc={rc})", now)
+
+    def _on_logits(self, seq: Sequence, row: int, now: int) -> None:
+        assert seq.sampler is not None
+        token = self.runtime.sample(seq.sampler, row)
+        req = seq.request
+        if self.runtime.is_eog(token) and not req.ignore_eos:
+            self._finish(seq, "stop", now, token=token)
+            return
+        seq.generated += 1
+        self.metrics.tokens_generated_total += 1
+        if seq.first_token_ns is None:
+            seq.first_token_ns = now
+            self.metrics.ttft_ms.observe((now - seq.arrival_ns) * 1e-6)
+        else:
+            self.metrics.inter_token_ms.observe((now - (seq.last_token_ns or now)) * 1e-6)
+        seq.last_token_ns = now
+        text = seq.text.push(self.runtime.piece(token))
+        if seq.text.stopped:
+            self._emit_text(seq, text, token)
+            self._finish(seq, "stop", now)
+        elif seq.generated >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
+            self._emit_text(seq, text + seq.text.flush(), token)
+            self._finish(seq, "length", now)
+        else:
+            self._emit_text(seq, text, token)
+            seq.next_token = token
+
+    def _emit_text(self, seq: Sequence, text: str, token: int) -> None:
+        event = seq.token_event(text, token)
+        if event is not None:
+            self._out.append((seq.conn_id, event))
+
+    def _fail(self, seq: Sequence, code: str, message: str, now: int) -> None:
+        self._out.append((seq.conn_id, p.ErrorEvent(id=seq.request.id, code=code, message=message)))
+        self._finish(seq, "error", now, message, send=False)
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: str,
+        now: int,
+        detail: str | None = None,
+        token: int = -1,
+        send: bool = True,
+    ) -> None:
+        if reason == "stop":
+            rest = seq.text.flush()
+            if rest:
+                self._emit_text(seq, rest, token)
+        if seq.seq_id >= 0 and self._running.pop(seq.seq_id, None) is seq:
+            self.runtime.seq_clear(seq.seq_id)
+            self._free_seq_ids.append(seq.seq_id)
+        if seq.sampler is not None:
+            seq.sampler.free()
+        self.metrics.requests_total[reason] += 1
+        self.metrics.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
+        self.metrics.active_sessions = len(self._running)
+        self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
+        if send:
+            self._out.append((seq.conn_id, seq.final_event(reason, now, detail)))
+
+    def _flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            self.sink(out)
+
+    def _drain(self, detail: str, reason: str = "cancelled") -> None:
+        now = time.monotonic_ns()
+        for seq in list(self._waiting) + list(self._running.values()):
+            self._finish(seq, reason, now, detail)
+        self._waiting.clear()
+        self.metrics.waiting_sessions = 0
+        self._flush()

@@ -1,0 +1,28 @@
+"""Scheduling policy: pure functions from an immutable SchedulerState to a Plan.
+
+Nothing here imports llama_cpp, asyncio or sockets; the engine executes whatever Plan it gets.
+"""
+
+from uma_serve.core.policy.baseline import BaselinePolicy
+from uma_serve.core.policy.state import (
+    BatchItem,
+    Constraints,
+    EngineStats,
+    IBatchPolicy,
+    Phase,
+    Plan,
+    SchedulerState,
+    SessionView,
+)
+
+__all__ = [
+    "BaselinePolicy",
+    "BatchItem",
+    "Constraints",
+    "EngineStats",
+    "IBatchPolicy",
+    "Phase",
+    "Plan",
+    "SchedulerState",
+    "SessionView",
+]

@@ -1,0 +1,246 @@
+"""Wire protocol between clients and the core: framed JSON, msgspec Structs.
+
+Frame: ``uint32 little-endian length | UTF-8 JSON object``. Every request is decoded and
+validated in one step into a Struct; every event is a Struct encoded by one encoder.
+Clients depend on this module only (plus msgspec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+DEFAULT_MAX_FRAME = 1 << 20
+HEADER = struct.Struct("<I")
+
+# Error codes (docs/PROTOCOL.md lists each with its meaning).
+E_PROTO = "E_PROTO_001"  # invalid JSON, invalid UTF-8, schema violation, unknown type
+E_FRAME = "E_PROTO_002"  # frame length over the maximum: the connection is closed
+E_DUP_ID = "E_PROTO_003"  # an id that is already in flight on this connection
+E_LIMIT = "E_LIMIT_001"  # prompt over --max-prompt-bytes or over the context
+E_LIMIT_TOKENS = "E_LIMIT_002"  # max_tokens over --max-tokens
+E_BUSY = "E_BUSY_001"  # more requests than --max-sessions: retry later
+E_MODEL = "E_MODEL_001"  # model problem (e.g. no chat template for messages)
+E_RUNTIME = "E_RUNTIME_001"  # llama_decode failed hard for this request
+E_IO = "E_IO_001"  # the client does not read its stream: write buffer over the bound
+E_SHUTDOWN = "E_SHUTDOWN_001"  # the daemon is shutting down and takes no new requests
+E_IDLE = "E_IDLE_001"  # connection idle past --idle-timeout: closed
+
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+QoS = Literal["interactive", "background"]
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A generation. Exactly one of ``prompt`` and ``messages``."""
+
+    type: Literal["generate"] = "generate"
+    id: RequestId
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    max_tokens: PositiveInt = 256
+    temperature: NonNegFloat = 0.8
+    top_p: Prob = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 0
+    min_p: Prob = 0.0
+    seed: Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)] | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 1.0
+    stream: bool = True
+    ignore_eos: bool = False
+    qos: QoS = "interactive"
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' is required")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
+
+
+class Cancel(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["cancel"]
+    id: RequestId
+
+
+class MetricsRequest(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["metrics"]
+    id: str | None = None
+
+
+class HealthRequest(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["health"]
+    id: str | None = None
+
+
+class InfoRequest(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["info"]
+    id: str | None = None
+
+
+Request = Generate | Cancel | MetricsRequest | HealthRequest | InfoRequest
+
+
+# ---- events (core -> client) ----
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Timings(msgspec.Struct):
+    queue_ms: float
+    ttft_ms: float | None
+    e2e_ms: float
+    prompt_ms: float | None
+    decode_tokens_per_s: float | None
+
+
+class TokenEvent(msgspec.Struct, tag_field="event", tag="token"):
+    id: str
+    text: str
+    token_id: int
+
+
+class EosEvent(msgspec.Struct, tag_field="event", tag="eos"):
+    id: str
+    reason: Literal["stop", "length", "cancelled", "error"]
+    usage: Usage
+    timings: Timings
+    detail: str | None = None
+
+
+class CompletionEvent(msgspec.Struct, tag_field="event", tag="completion"):
+    """The answer to ``stream: false``: the whole text in one frame."""
+
+    id: str
+    text: str
+    reason: Literal["stop", "length", "cancelled", "error"]
+    usage: Usage
+    timings: Timings
+    detail: str | None = None
+
+
+class ErrorEvent(msgspec.Struct, tag_field="event", tag="error"):
+    id: str | None
+    code: str
+    message: str
+
+
+class MetricsEvent(msgspec.Struct, tag_field="event", tag="metrics"):
+    id: str | None
+    metrics: dict[str, Any]
+
+
+class HealthEvent(msgspec.Struct, tag_field="event", tag="health"):
+    id: str | None
+    status: Literal["ok", "draining"]
+    active_sessions: int
+    waiting_sessions: int
+
+
+class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
+    id: str | None
+    model: str
+    model_path: str
+    n_ctx: int
+    n_ctx_per_seq: int
+    n_seq: int
+    n_vocab: int
+    chat_template: bool
+    version: str
+    max_tokens: int
+    max_prompt_bytes: int
+
+
+Event = TokenEvent | EosEvent | CompletionEvent | ErrorEvent | MetricsEvent | HealthEvent | InfoEvent
+
+
+class ProtocolError(Exception):
+    """A frame or request that cannot be accepted; ``code`` is one of the E_* codes."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class _Envelope(msgspec.Struct):
+    type: str = "generate"
+    id: Any = None
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+_request_decoders: dict[str, msgspec.json.Decoder] = {
+    "generate": msgspec.json.Decoder(Generate),
+    "cancel": msgspec.json.Decoder(Cancel),
+    "metrics": msgspec.json.Decoder(MetricsRequest),
+    "health": msgspec.json.Decoder(HealthRequest),
+    "info": msgspec.json.Decoder(InfoRequest),
+}
+_event_decoder = msgspec.json.Decoder(Event)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_request(payload: bytes) -> Request:
+    """Decode and validate one request frame's payload, or raise ProtocolError."""
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(E_PROTO, f"frame is not valid UTF-8: {exc.reason}") from None
+    try:
+        env = _envelope_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(E_PROTO, f"invalid JSON object: {exc}") from None
+    request_id = env.id if isinstance(env.id, str) else None
+    decoder = _request_decoders.get(env.type)
+    if decoder is None:
+        known = ", ".join(sorted(_request_decoders))
+        raise ProtocolError(E_PROTO, f"unknown type {env.type!r} (known: {known})", request_id)
+    try:
+        return decoder.decode(payload)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ProtocolError(E_PROTO, f"invalid {env.type} request: {exc}", request_id) from None
+
+
+def encode(msg: msgspec.Struct | dict[str, Any]) -> bytes:
+    """Encode one message as a complete frame (header + JSON)."""
+    body = _encoder.encode(msg)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_event(payload: bytes) -> Event:
+    return _event_decoder.decode(payload)
+
+
+async def read_frame(reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """Read one frame's payload. Raises IncompleteReadError at EOF, ProtocolError if too big.
+
+    The length is checked before anything of that size is read or allocated.
+    """
+    header = await reader.readexactly(HEADER.size)
+    (length,) = HEADER.unpack(header)
+    if length > max_frame:
+        raise ProtocolError(E_FRAME, f"frame of {length} bytes is over the maximum {max_frame}")
+    return await reader.readexactly(length)

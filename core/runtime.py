@@ -1,0 +1,290 @@
+"""Everything llama.cpp: the only module that imports ``llama_cpp``.
+
+Model and context, the one reusable ``llama_batch``, decode, per-session sampler chains that
+sample straight from the context's logits, tokenize/detokenize, KV memory ops, chat template.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+log = logging.getLogger("uma.runtime")
+
+_LOG_LEVELS = {
+    ll.GGML_LOG_LEVEL_ERROR: logging.ERROR,
+    ll.GGML_LOG_LEVEL_WARN: logging.WARNING,
+    ll.GGML_LOG_LEVEL_INFO: logging.DEBUG,
+    ll.GGML_LOG_LEVEL_DEBUG: logging.DEBUG,
+}
+_llama_log = logging.getLogger("uma.llama")
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    msg = text.decode("utf-8", "replace").rstrip()
+    if msg:
+        _llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", msg)
+
+
+ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True)
+class RuntimeParams:
+    model_path: str
+    n_ctx: int = 8192
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq: int = 4
+    threads: int = 0  # 0: all cores
+    n_gpu_layers: int = 0
+    swa_full: bool = False
+    kv_unified: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+
+
+@dataclass(frozen=True)
+class Span:
+    """Consecutive tokens of one sequence in the batch, from position ``pos``."""
+
+    seq_id: int
+    pos: int
+    tokens: list[int]
+    logits: bool  # logits for the span's last token
+
+
+class Sampler:
+    """A llama sampler chain owned by one session; frees itself."""
+
+    def __init__(self, vocab_size: int, params: SamplingParams, default_seed: int) -> None:
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if (
+            params.repeat_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        ):
+            add(
+                ll.llama_sampler_init_penalties(
+                    vocab_size,
+                    params.penalty_last_n,
+                    params.repeat_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
+                )
+            )
+        if params.temperature <= 0.0:
+            add(ll.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(ll.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(ll.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(ll.llama_sampler_init_min_p(params.min_p, 1))
+            add(ll.llama_sampler_init_temp(params.temperature))
+            seed = params.seed if params.seed is not None else default_seed
+            add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self._chain = chain
+
+    def sample(self, ctx: ll.llama_context_p, batch_index: int) -> int:
+        return ll.llama_sampler_sample(self._chain, ctx, batch_index)
+
+    def free(self) -> None:
+        if self._chain is not None:
+            ll.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self) -> None:
+        self.free()
+
+
+class Runtime:
+    """One model, one context, one batch. Not thread-safe: the engine thread drives decode;
+    tokenize/detokenize only read the vocab and may run on another thread."""
+
+    def __init__(self, params: RuntimeParams) -> None:
+        self.params = params
+        path = Path(params.model_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        ll.llama_backend_init()
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = params.n_gpu_layers
+        mparams.use_extra_bufts = False  # AMX/repacked weights crash llama_decode on these CPUs
+        self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load the model {path}")
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = params.n_ctx
+        cparams.n_batch = params.n_batch
+        cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cparams.n_seq_max = params.n_seq
+        if params.threads > 0:
+            cparams.n_threads = cparams.n_threads_batch = params.threads
+        cparams.swa_full = params.swa_full
+        cparams.kv_unified = params.kv_unified
+        cparams.no_perf = True
+        self.ctx = ll.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            raise RuntimeError("llama.cpp could not create a context (n_ctx too large?)")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.n_batch = params.n_batch
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_per_seq = self.n_ctx // params.n_seq
+        self.model_name = self._meta("general.name") or path.stem
+        self.model_path = str(path)
+        self.chat_template = self._chat_template()
+        self.threads = cparams.n_threads
+        self._batch = ll.llama_batch_init(params.n_batch, 0, 1)
+        # numpy views on the batch's arrays: one slice assignment per span instead of a
+        # ctypes store per token.
+        n = params.n_batch
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
+        self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        self._seq_ptrs = [self._batch.seq_id[i] for i in range(n)]
+        self._nseq[:] = 1
+        self._pieces: dict[int, bytes] = {}
+        log.info(
+            "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
+            self.model_name,
+            self.n_ctx,
+            self.n_ctx_per_seq,
+            params.n_seq,
+            params.n_batch,
+            self.threads,
+        )
+
+    # ---- model facts ----
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _chat_template(self) -> str | None:
+        raw = ll.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    # ---- text ----
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character); cached."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def render_chat(self, messages: list[tuple[str, str]]) -> str:
+        """Render (role, content) pairs with the model's chat template, ready for the answer."""
+        if self.chat_template is None:
+            raise ValueError("the model has no chat template")
+        msgs = (ll.llama_chat_message * len(messages))()
+        keep = []
+        for i, (role, content) in enumerate(messages):
+            r, c = role.encode(), content.encode()
+            keep += [r, c]
+            msgs[i].role, msgs[i].content = r, c
+        tmpl = self.chat_template.encode()
+        size = 2 * sum(len(c) for _, c in messages) + 1024
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(tmpl, msgs, len(messages), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n)
+            n = ll.llama_chat_apply_template(tmpl, msgs, len(messages), True, buf, n)
+        if n < 0:
+            raise ValueError("llama.cpp does not support this model's chat template")
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    # ---- decode ----
+
+    def decode(self, spans: list[Span]) -> tuple[int, list[int]]:
+        """Fill the batch from spans and run one llama_decode.
+
+        Returns (rc, batch index of each span's logits row or -1). rc 0 is success; rc 1
+        means no KV slot for this batch: the caller shrinks the next one (a soft failure).
+        """
+        i = 0
+        rows: list[int] = []
+        for span in spans:
+            n = len(span.tokens)
+            self._tok[i : i + n] = span.tokens
+            self._pos[i : i + n] = np.arange(span.pos, span.pos + n, dtype=np.int32)
+            self._logits[i : i + n] = 0
+            for ptr in self._seq_ptrs[i : i + n]:
+                ptr[0] = span.seq_id
+            i += n
+            if span.logits:
+                self._logits[i - 1] = 1
+                rows.append(i - 1)
+            else:
+                rows.append(-1)
+        self._batch.n_tokens = i
+        rc = ll.llama_decode(self.ctx, self._batch)
+        return rc, rows
+
+    def new_sampler(self, params: SamplingParams, default_seed: int) -> Sampler:
+        return Sampler(self.n_vocab, params, default_seed)
+
+    def sample(self, sampler: Sampler, row: int) -> int:
+        return sampler.sample(self.ctx, row)
+
+    # ---- KV memory ----
+
+    def seq_clear(self, seq_id: int) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+
+    def seq_trim(self, seq_id: int, from_pos: int) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return ll.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ctx)
+            ll.llama_model_free(self.model)
+            self.ctx = None

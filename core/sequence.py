@@ -1,0 +1,88 @@
+"""Engine-side state of one generation request, from admission to its final event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from uma_serve.core import protocol as p
+from uma_serve.core.policy import Phase, SessionView
+from uma_serve.core.runtime import Sampler
+from uma_serve.core.textstream import TextStream
+
+RequestKey = tuple[int, str]  # (connection id, request id)
+
+
+@dataclass(eq=False)
+class Sequence:
+    key: RequestKey
+    request: p.Generate
+    prompt: list[int]
+    arrival_ns: int
+    seq_id: int = -1
+    sampler: Sampler | None = None
+    n_past: int = 0  # tokens in the KV cache
+    next_token: int | None = None  # sampled, not yet decoded
+    generated: int = 0
+    admitted_ns: int | None = None
+    prefill_done_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    text: TextStream = field(init=False)
+    parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
+
+    def __post_init__(self) -> None:
+        self.text = TextStream(self.request.stops)
+
+    @property
+    def conn_id(self) -> int:
+        return self.key[0]
+
+    @property
+    def pending_prefill(self) -> int:
+        return max(len(self.prompt) - self.n_past, 0)
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.PREFILL if self.pending_prefill else Phase.DECODE
+
+    def view(self) -> SessionView:
+        return SessionView(
+            seq_id=self.seq_id,
+            phase=self.phase,
+            qos=self.request.qos,
+            prompt_len=len(self.prompt),
+            n_past=self.n_past,
+            pending_prefill=self.pending_prefill,
+            generated=self.generated,
+            arrival_ns=self.arrival_ns,
+            first_token_ns=self.first_token_ns,
+            last_token_ns=self.last_token_ns,
+        )
+
+    def token_event(self, text: str, token_id: int) -> p.TokenEvent | None:
+        """The event for newly released text (None when not streaming: kept for the end)."""
+        if self.request.stream:
+            return p.TokenEvent(id=self.request.id, text=text, token_id=token_id)
+        self.parts.append(text)
+        return None
+
+    def final_event(self, reason: str, now_ns: int, detail: str | None = None) -> p.Event:
+        ms = 1e-6
+        first, last = self.first_token_ns, self.last_token_ns
+        timings = p.Timings(
+            queue_ms=((self.admitted_ns or now_ns) - self.arrival_ns) * ms,
+            ttft_ms=(first - self.arrival_ns) * ms if first else None,
+            e2e_ms=(now_ns - self.arrival_ns) * ms,
+            prompt_ms=(self.prefill_done_ns - self.admitted_ns) * ms
+            if self.prefill_done_ns and self.admitted_ns
+            else None,
+            decode_tokens_per_s=(self.generated - 1) / ((last - first) * 1e-9)
+            if first and last and last > first
+            else None,
+        )
+        usage = p.Usage(prompt_tokens=len(self.prompt), completion_tokens=self.generated)
+        rid = self.request.id
+        if self.request.stream:
+            return p.EosEvent(rid, reason, usage, timings, detail)  # type: ignore[arg-type]
+        text = "".join(self.parts)
+        return p.CompletionEvent(rid, text, reason, usage, timings, detail)  # type: ignore[arg-type]

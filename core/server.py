@@ -1,0 +1,221 @@
+"""The asyncio side of the daemon: the Unix socket, framing, validation, dispatch of events.
+
+One Connection per client socket. Requests are validated and tokenized here, then handed to
+the engine; the engine's events come back in one batch per tick (``deliver``) and are written
+to their connections. Never blocks on a slow client: a connection whose unread output passes
+``max_write_buffer_bytes`` has its requests cancelled with E_IO_001.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from uma_serve import __version__
+from uma_serve.core import protocol as p
+from uma_serve.core.config import Config
+from uma_serve.core.engine import Engine, Outgoing, Submission
+from uma_serve.core.runtime import Runtime
+
+log = logging.getLogger("uma.server")
+_conn_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Connection:
+    writer: asyncio.StreamWriter
+    id: int = field(default_factory=lambda: next(_conn_ids))
+    inflight: set[str] = field(default_factory=set)
+    overflowed: bool = False
+
+    def send(self, event: p.Event) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(p.encode(event))
+
+    @property
+    def buffered(self) -> int:
+        transport = self.writer.transport
+        return transport.get_write_buffer_size() if transport else 0
+
+
+class CoreServer:
+    def __init__(self, config: Config, runtime: Runtime, engine: Engine) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.engine = engine
+        self.connections: dict[int, Connection] = {}
+        self.draining = False
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- engine -> clients ----
+
+    def sink(self, batch: list[Outgoing]) -> None:
+        """Called on the engine thread once per tick: hand the batch to the loop."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.deliver, batch)
+
+    def deliver(self, batch: list[Outgoing]) -> None:
+        touched: set[Connection] = set()
+        for conn_id, event in batch:
+            conn = self.connections.get(conn_id)
+            if conn is None:
+                continue
+            if isinstance(event, p.EosEvent | p.CompletionEvent | p.ErrorEvent):
+                conn.inflight.discard(event.id or "")
+            if not conn.overflowed:
+                conn.send(event)
+                touched.add(conn)
+        for conn in touched:
+            if conn.buffered > self.config.max_write_buffer_bytes:
+                self._overflow(conn)
+
+    def _overflow(self, conn: Connection) -> None:
+        """The client stopped reading: cancel its requests, tell it why, stop writing tokens."""
+        conn.overflowed = True
+        log.warning("connection %d: %d unread bytes, cancelling its requests", conn.id, conn.buffered)
+        for rid in sorted(conn.inflight):
+            msg = f"client did not read its stream (over {self.config.max_write_buffer_bytes} bytes queued)"
+            conn.send(p.ErrorEvent(id=rid, code=p.E_IO, message=msg))
+        conn.inflight.clear()
+        self.engine.cancel_connection(conn.id)
+
+    # ---- clients -> engine ----
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        old_umask = os.umask(0o177)  # the socket is born 0600: no window with wider rights
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._handle, path=self.config.socket, limit=self.config.max_frame_bytes + 8
+            )
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.config.socket, 0o600)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(writer)
+        self.connections[conn.id] = conn
+        try:
+            await self._serve(conn, reader)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.connections.pop(conn.id, None)
+            if conn.inflight:
+                self.engine.cancel_connection(conn.id)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> None:
+        idle = self.config.idle_timeout
+        while True:
+            timeout = idle if idle > 0 and not conn.inflight else None
+            try:
+                payload = await asyncio.wait_for(
+                    p.read_frame(reader, self.config.max_frame_bytes), timeout
+                )
+            except TimeoutError:
+                conn.send(p.ErrorEvent(id=None, code=p.E_IDLE, message=f"idle for {idle:g} s"))
+                return
+            except p.ProtocolError as exc:  # frame too large: answered, then closed
+                conn.send(p.ErrorEvent(id=None, code=exc.code, message=exc.message))
+                await conn.writer.drain()
+                return
+            arrival = time.monotonic_ns()
+            try:
+                request = p.decode_request(payload)
+            except p.ProtocolError as exc:
+                conn.send(p.ErrorEvent(id=exc.request_id, code=exc.code, message=exc.message))
+                continue
+            self._dispatch(conn, request, arrival)
+
+    def _dispatch(self, conn: Connection, request: p.Request, arrival_ns: int) -> None:
+        match request:
+            case p.Generate():
+                error = self._admit(conn, request, arrival_ns)
+                if error is not None:
+                    conn.send(p.ErrorEvent(id=request.id, code=error[0], message=error[1]))
+            case p.Cancel(id=rid):
+                if rid in conn.inflight:
+                    self.engine.cancel((conn.id, rid))
+            case p.MetricsRequest(id=rid):
+                conn.send(p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
+            case p.HealthRequest(id=rid):
+                m = self.engine.metrics
+                status = "draining" if self.draining else "ok"
+                conn.send(p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
+            case p.InfoRequest(id=rid):
+                conn.send(self.info(rid))
+
+    def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
+        c = self.config
+        if self.draining:
+            return p.E_SHUTDOWN, "the daemon is shutting down"
+        if req.id in conn.inflight:
+            return p.E_DUP_ID, f"request id {req.id!r} is already in flight on this connection"
+        if sum(len(x.inflight) for x in self.connections.values()) >= c.max_sessions:
+            return p.E_BUSY, f"{c.max_sessions} requests in flight (max_sessions): retry later"
+        if req.max_tokens > c.max_tokens:
+            return p.E_LIMIT_TOKENS, f"max_tokens {req.max_tokens} is over the limit {c.max_tokens}"
+        if req.messages is not None:
+            size = sum(len(m.content.encode()) for m in req.messages)
+        else:
+            size = len((req.prompt or "").encode())
+        if size > c.max_prompt_bytes:
+            return p.E_LIMIT, f"prompt of {size} bytes is over max_prompt_bytes {c.max_prompt_bytes}"
+        if req.messages is not None:
+            try:
+                text = self.runtime.render_chat([(m.role, m.content) for m in req.messages])
+            except ValueError as exc:
+                return p.E_MODEL, str(exc)
+        else:
+            text = req.prompt or ""
+        tokens = self.runtime.tokenize(text)
+        if not tokens:
+            return p.E_PROTO, "the prompt is empty"
+        room = self.runtime.n_ctx_per_seq
+        if len(tokens) + 1 > room:
+            return p.E_LIMIT, f"prompt of {len(tokens)} tokens does not fit the context ({room} per sequence)"
+        conn.inflight.add(req.id)
+        self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
+        return None
+
+    def info(self, rid: str | None) -> p.InfoEvent:
+        rt = self.runtime
+        return p.InfoEvent(
+            id=rid,
+            model=rt.model_name,
+            model_path=rt.model_path,
+            n_ctx=rt.n_ctx,
+            n_ctx_per_seq=rt.n_ctx_per_seq,
+            n_seq=rt.params.n_seq,
+            n_vocab=rt.n_vocab,
+            chat_template=rt.chat_template is not None,
+            version=__version__,
+            max_tokens=self.config.max_tokens,
+            max_prompt_bytes=self.config.max_prompt_bytes,
+        )
+
+    # ---- shutdown ----
+
+    async def shutdown(self, reason: str) -> None:
+        """Stop accepting, end in-flight requests with an eos saying why, flush, remove socket."""
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        self.engine.stop(reason)
+        await asyncio.to_thread(self.engine.join, 10.0)
+        await asyncio.sleep(0)  # let the engine's last call_soon_threadsafe batch run
+        for conn in list(self.connections.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.writer.drain(), 2.0)
+            conn.writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.config.socket)
