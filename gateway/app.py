@@ -1,0 +1,92 @@
+"""The Starlette application: routes, middleware order, per-app state from the lifespan.
+
+Middleware, outermost first: HTTP metrics (counts every answer, 401s and CORS preflights
+included), CORS (answers preflights before auth sees them), auth (``/v1/*`` only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import Route
+
+from uma_serve.gateway import routes
+from uma_serve.gateway.auth import AuthMiddleware
+from uma_serve.gateway.core_pool import CorePool
+from uma_serve.gateway.errors import (
+    ApiError,
+    api_error_handler,
+    http_exception_handler,
+    unhandled_handler,
+)
+from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
+from uma_serve.gateway.routes import Inflight
+
+
+@dataclass
+class Settings:
+    core_socket: str = "/tmp/uma.sock"
+    api_keys: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)
+    max_inflight: int = 64
+    max_body_bytes: int = 1 << 20
+    pool_size: int = 4
+
+
+ROUTES = [
+    Route("/v1/completions", routes.completions, methods=["POST"]),
+    Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+    Route("/v1/models", routes.list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+    Route("/health", routes.health, methods=["GET"]),
+    Route("/metrics", routes.metrics, methods=["GET"]),
+]
+KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
+
+
+def create_app(settings: Settings) -> Starlette:
+    metrics = GatewayMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        pool = CorePool(settings.core_socket, size=settings.pool_size)
+        app.state.pool = pool
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    middleware = [Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS)]
+    if settings.cors_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=settings.cors_origins,
+                allow_methods=["GET", "POST", "OPTIONS"],
+                allow_headers=["Authorization", "Content-Type", "X-UMA-QoS"],
+                expose_headers=["X-Request-Id", "Retry-After"],
+            )
+        )
+    middleware.append(Middleware(AuthMiddleware, keys=settings.api_keys))
+    app = Starlette(
+        routes=ROUTES,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={
+            ApiError: api_error_handler,
+            HTTPException: http_exception_handler,
+            Exception: unhandled_handler,
+        },
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.inflight = Inflight(settings.max_inflight, metrics.inflight)
+    app.state.started = time.time()
+    return app

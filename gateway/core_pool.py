@@ -1,0 +1,107 @@
+"""A small pool of multiplexed core connections that heal themselves.
+
+Each AsyncUmaClient carries many requests at once, so a handful of connections is enough;
+spreading requests over a few keeps one slow reader from delaying everyone. A connection that
+closed (core restarted, idle timeout, crash) is replaced lazily on next use, so the gateway
+survives a core restart without being restarted itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from uma_serve.clients.client import AsyncUmaClient, CoreError
+from uma_serve.core import protocol as p
+from uma_serve.gateway.errors import E_CONNECT
+
+
+class CorePool:
+    def __init__(
+        self,
+        socket_path: str,
+        size: int = 4,
+        connect_timeout: float = 2.0,
+        admin_timeout: float = 5.0,
+        info_ttl: float = 5.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.size = max(1, size)
+        self.connect_timeout = connect_timeout
+        self.admin_timeout = admin_timeout
+        self.info_ttl = info_ttl
+        self._slots: list[AsyncUmaClient | None] = [None] * self.size
+        self._locks = [asyncio.Lock() for _ in range(self.size)]
+        self._next = itertools.cycle(range(self.size))
+        self._info: p.InfoEvent | None = None
+        self._info_at = 0.0
+
+    async def client(self) -> AsyncUmaClient:
+        """A live connection (round robin), reconnecting its slot if it closed."""
+        i = next(self._next)
+        current = self._slots[i]
+        if current is not None and not current.closed:
+            return current
+        async with self._locks[i]:
+            current = self._slots[i]
+            if current is not None and not current.closed:
+                return current
+            try:
+                fresh = await asyncio.wait_for(
+                    AsyncUmaClient.connect(self.socket_path), self.connect_timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                raise CoreError(E_CONNECT, f"cannot connect to {self.socket_path}: {exc}") from None
+            self._slots[i] = fresh
+            self._info = None  # the core may have restarted with another model
+            return fresh
+
+    async def _admin(self, name: str) -> Any:
+        client = await self.client()
+        try:
+            return await asyncio.wait_for(getattr(client, name)(), self.admin_timeout)
+        except TimeoutError:
+            raise CoreError(E_CONNECT, f"the core did not answer {name} in time") from None
+
+    async def info(self) -> p.InfoEvent:
+        """The core's info, cached for a few seconds (routes read it on every request)."""
+        now = time.monotonic()
+        if self._info is None or now - self._info_at > self.info_ttl:
+            self._info = await self._admin("info")
+            self._info_at = now
+        return self._info
+
+    async def health(self) -> p.HealthEvent:
+        return await self._admin("health")
+
+    async def metrics(self) -> dict[str, Any]:
+        return await self._admin("metrics")
+
+    async def stream(self, request: p.Generate) -> AsyncIterator[p.Event]:
+        """The request's events; one retry on a fresh connection if the first send failed.
+
+        A pooled connection may have been closed by the core (idle timeout, restart) just
+        before use: if nothing came back yet and the connection is gone, resend once.
+        """
+        for attempt in (0, 1):
+            client = await self.client()
+            got_any = False
+            try:
+                async with aclosing(client.stream(request)) as events:
+                    async for event in events:
+                        got_any = True
+                        yield event
+                return
+            except CoreError as exc:
+                if got_any or attempt == 1 or exc.code != p.E_IO or not client.closed:
+                    raise
+
+    async def close(self) -> None:
+        for i, client in enumerate(self._slots):
+            if client is not None:
+                await client.close()
+            self._slots[i] = None

@@ -1,0 +1,119 @@
+"""OpenAI-shaped errors: one exception type, one JSON shape, one mapping from core codes.
+
+Every failure the gateway reports leaves as ``{"error": {"message", "type", "param", "code"}}``
+with the HTTP status the OpenAI SDK turns into its matching exception class.
+"""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from uma_serve.clients.client import CoreError
+from uma_serve.core import protocol as p
+
+RETRY_AFTER_S = 1
+E_CONNECT = "E_CONNECT"  # the gateway could not reach the core socket at all
+
+
+class ApiError(Exception):
+    """An error answer: raised anywhere in a route, rendered by the app's handler."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def core_unavailable(reason: str) -> ApiError:
+    return ApiError(
+        503,
+        f"the inference core is unavailable: {reason}",
+        type="server_error",
+        code="core_unavailable",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def too_many_requests(message: str) -> ApiError:
+    return ApiError(
+        429,
+        message,
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
+    """Map a core error code to the HTTP status the issue's table gives it."""
+    code, msg = exc.code, exc.message
+    if code == p.E_LIMIT:
+        return ApiError(400, msg, param=prompt_param, code="context_length_exceeded")
+    if code == p.E_LIMIT_TOKENS:
+        return ApiError(400, msg, param="max_tokens", code="invalid_value")
+    if code in (p.E_PROTO, p.E_DUP_ID):
+        return ApiError(400, msg, code=code)
+    if code == p.E_BUSY:
+        return too_many_requests(msg)
+    if code == p.E_SHUTDOWN:
+        err = core_unavailable(msg)
+        err.code = "shutting_down"
+        return err
+    if code in (p.E_IO, p.E_FRAME, p.E_IDLE, E_CONNECT):
+        return core_unavailable(msg)
+    return ApiError(500, msg, type="server_error", code=code)
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 and friends, in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        msg = f"unknown route {request.method} {request.url.path}"
+        return ApiError(404, msg, code="not_found").response()
+    if exc.status_code == 405:
+        msg = f"method {request.method} not allowed on {request.url.path}"
+        return ApiError(405, msg, code="method_not_allowed").response()
+    return ApiError(exc.status_code, str(exc.detail)).response()
+
+
+async def unhandled_handler(request: Request, exc: Exception) -> Response:
+    """Last resort: a bug in the gateway is a 500 error object, not a dropped connection."""
+    msg = f"internal gateway error: {type(exc).__name__}: {exc}"
+    return ApiError(500, msg, type="server_error", code="internal_error").response()

@@ -1,0 +1,81 @@
+"""uma-gateway: the OpenAI-compatible HTTP front of a running umad, under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import uvicorn
+
+from uma_serve.gateway.app import Settings, create_app
+
+
+def env_list(name: str) -> list[str]:
+    """A comma-separated environment variable as a list (empty entries dropped)."""
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="uma-gateway", description="OpenAI-compatible HTTP gateway for the UMA Serve core."
+    )
+    ap.add_argument(
+        "--core-socket",
+        default=os.environ.get("UMA_SOCKET", "/tmp/uma.sock"),
+        help="the core's Unix socket (env UMA_SOCKET; default /tmp/uma.sock)",
+    )
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    ap.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    ap.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="accepted bearer key for /v1/* (repeatable; env UMA_API_KEY, comma-separated)",
+    )
+    ap.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="origin allowed by CORS (repeatable; none by default; '*' for any)",
+    )
+    ap.add_argument(
+        "--max-inflight",
+        type=int,
+        default=64,
+        help="generation requests held at once; more get 429 + Retry-After (0: no limit)",
+    )
+    ap.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond)"
+    )
+    ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
+    ap.add_argument("--log-level", default="info", help="uvicorn log level")
+    return ap
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    keys = args.api_key if args.api_key is not None else env_list("UMA_API_KEY")
+    return Settings(
+        core_socket=args.core_socket,
+        api_keys=keys,
+        cors_origins=args.cors_origin,
+        max_inflight=args.max_inflight,
+        max_body_bytes=args.max_body_bytes,
+        pool_size=args.pool_size,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    app = create_app(settings_from(args))
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+        proxy_headers=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""OpenAI request bodies as msgspec Structs: decoded and type-checked in one step.
+
+Unknown fields are refused (as OpenAI does with "Unrecognized request argument") so that no
+option is silently ignored. Fields OpenAI defines but the core cannot honour (``n > 1``,
+``best_of``, ``suffix``, a non-empty ``logit_bias``, tools, logprobs) are accepted only at
+their neutral values and otherwise refused with a 400 that names the parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from uma_serve.gateway.errors import ApiError, bad_request
+
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+QoS = Literal["interactive", "background"]
+Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)]
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Fields common to both routes."""
+
+    model: str | None = None
+    temperature: Temperature | None = None
+    top_p: Prob | None = None
+    stop: Stop | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    # UMA extension: the scheduling class (also the X-UMA-QoS header).
+    qos: QoS | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check_common(self) -> None:
+        if self.n is not None and self.n != 1:
+            raise bad_request("only n=1 is supported", "n", "unsupported_value")
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported", "logit_bias", "unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    prompt: str | list[str | int]
+    max_tokens: int | None = 16
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
+    logprobs: int | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if isinstance(self.prompt, list):
+            if any(not isinstance(x, str) for x in self.prompt):
+                raise bad_request("token-id prompts are not supported; send text", "prompt")
+            if len(self.prompt) != 1:
+                raise bad_request("exactly one prompt per request is supported", "prompt")
+        if self.best_of is not None and self.best_of != 1:
+            raise bad_request("only best_of=1 is supported", "best_of", "unsupported_value")
+        if self.suffix:
+            raise bad_request("suffix (insertion) is not supported", "suffix", "unsupported_value")
+        if self.logprobs:
+            raise bad_request("logprobs are not supported", "logprobs", "unsupported_value")
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else str(self.prompt[0])
+
+
+class TextPart(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[Any] | None = None
+
+    def text(self, index: int) -> str:
+        where = f"messages[{index}]"
+        if self.role in ("tool", "function") or self.tool_calls:
+            raise bad_request("tool messages are not supported", f"{where}.role")
+        if self.content is None:
+            raise bad_request("message content is required", f"{where}.content")
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for j, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise bad_request(
+                    f"content part type {part.type!r} is not supported (text only)",
+                    f"{where}.content[{j}]",
+                )
+            texts.append(part.text)
+        return "".join(texts)
+
+
+class ChatRequest(_Sampling, kw_only=True):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    parallel_tool_calls: bool | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if not self.messages:
+            raise bad_request("messages must not be empty", "messages")
+        if self.logprobs or self.top_logprobs:
+            raise bad_request("logprobs are not supported", "logprobs", "unsupported_value")
+        if self.tools:
+            raise bad_request("tools are not supported", "tools", "unsupported_parameter")
+        if self.tool_choice not in (None, "none"):
+            raise bad_request("tool_choice is not supported", "tool_choice")
+        fmt = (self.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise bad_request(
+                f"response_format {fmt!r} is not supported", "response_format", "unsupported_value"
+            )
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def core_messages(self) -> list[dict[str, str]]:
+        """Messages in the core's shape: developer folds into system, parts into one text."""
+        out = []
+        for i, m in enumerate(self.messages):
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": m.text(i)})
+        return out
+
+
+_AT = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+def _param_of(message: str) -> str | None:
+    """The dotted field path msgspec names in its error, in OpenAI's ``param`` style."""
+    path = m.group(1) if (m := _AT.search(message)) else ""
+    leaf = None
+    if m2 := _MISSING.search(message) or _UNKNOWN.search(message):
+        leaf = m2.group(1)
+    path = path.replace("[", ".[").replace(".[", "[")
+    if leaf:
+        return f"{path}.{leaf}" if path else leaf
+    return path or None
+
+
+def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
+    """Decode and validate a body into ``kind``, or raise a 400 ApiError naming the field."""
+    if not body.strip():
+        raise bad_request("the request body is empty; a JSON object is required")
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    try:
+        req = decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        if _UNKNOWN.search(msg):
+            msg = f"Unrecognized request argument supplied: {msg}"
+        raise bad_request(msg, _param_of(msg)) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    req.check()
+    return req

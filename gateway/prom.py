@@ -1,0 +1,174 @@
+"""Prometheus export: the core's figures from its snapshot at scrape time, plus HTTP metrics.
+
+The core keeps the only bookkeeping of tokens, latencies and queue state; ``CoreCollector``
+turns one ``metrics`` snapshot into metric families on each scrape (milliseconds become
+seconds, per-bucket counts become cumulative ``le`` buckets). The gateway itself only counts
+its own HTTP traffic. Names follow vLLM's with the ``uma_`` prefix (docs/METRICS.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# snapshot histogram key -> (metric name, help)
+HISTOGRAMS = {
+    "ttft_ms": ("uma_time_to_first_token_seconds", "Time from arrival to the first token."),
+    "inter_token_ms": ("uma_inter_token_latency_seconds", "Time between consecutive tokens."),
+    "e2e_ms": ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a request."),
+    "queue_ms": ("uma_request_queue_time_seconds", "Time a request waited before its prefill."),
+}
+# snapshot key -> (gauge name, help)
+GAUGES = {
+    "active_sessions": ("uma_num_requests_running", "Requests holding a sequence in the core."),
+    "waiting_sessions": ("uma_num_requests_waiting", "Requests queued for a sequence."),
+    "parked_sessions": ("uma_num_requests_parked", "Sessions parked (state saved) by policy."),
+    "decode_ms_ewma": ("uma_decode_ms_ewma", "EWMA of llama_decode time per tick (ms)."),
+    "decode_ms_last": ("uma_decode_ms_last", "llama_decode time of the last tick (ms)."),
+    "batch_size_last": ("uma_batch_size_last", "Tokens in the last tick's batch."),
+    "kv_cache_usage_ratio": ("uma_kv_cache_usage_ratio", "Used share of the KV cache (0-1)."),
+    "kv_cells_used": ("uma_kv_cells_used", "KV cache cells in use."),
+    "kv_cells_total": ("uma_kv_cells_total", "KV cache cells in total."),
+    "uptime_s": ("uma_core_uptime_seconds", "Seconds since the core started."),
+}
+# snapshot key -> (counter name, help)
+COUNTERS = {
+    "prompt_tokens_total": ("uma_prompt_tokens_total", "Prompt tokens prefilled."),
+    "tokens_generated_total": ("uma_generation_tokens_total", "Tokens generated."),
+    "batch_calls_total": ("uma_batch_calls_total", "llama_decode calls (ticks)."),
+    "decode_failures_total": ("uma_decode_failures_total", "llama_decode calls that failed."),
+}
+
+
+def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricFamily:
+    """Core histogram (ms bounds, per-bucket counts) -> cumulative buckets in seconds."""
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    counts = h.get("counts", [])
+    for bound, n in zip(h.get("bounds", []), counts, strict=False):
+        running += n
+        buckets.append((repr(bound / 1000.0), running))
+    buckets.append(("+Inf", h.get("count", sum(counts))))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.get("sum", 0.0) / 1000.0)
+
+
+class CoreCollector(Collector):
+    """Families built from the last snapshot handed to ``set_snapshot`` (None: core down)."""
+
+    def __init__(self) -> None:
+        self._snapshot: dict[str, Any] | None = None
+
+    def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []  # families vary with the snapshot; skip registry-time checks
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot
+        up = GaugeMetricFamily("uma_core_up", "1 when the core answered the metrics request.")
+        up.add_metric([], 1.0 if snap is not None else 0.0)
+        yield up
+        if snap is None:
+            return
+        for key, (name, doc) in GAUGES.items():
+            if key in snap:
+                yield GaugeMetricFamily(name, doc, value=float(snap[key]))
+        tick = GaugeMetricFamily(
+            "uma_tick_tokens", "Tokens in the last tick, by phase.", labels=["phase"]
+        )
+        for phase, n in (snap.get("tokens_per_tick") or {}).items():
+            tick.add_metric([phase], float(n))
+        yield tick
+        for key, (name, doc) in COUNTERS.items():
+            if key in snap:
+                yield CounterMetricFamily(name, doc, value=float(snap[key]))
+        done = CounterMetricFamily(
+            "uma_request_success_total",
+            "Requests finished in the core, by finish reason.",
+            labels=["finished_reason"],
+        )
+        for reason, n in (snap.get("requests_total") or {}).items():
+            done.add_metric([reason], float(n))
+        yield done
+        for key, (name, doc) in HISTOGRAMS.items():
+            h = (snap.get("histograms") or {}).get(key)
+            if h:
+                yield histogram_family(name, doc, h)
+
+
+HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    """The gateway's registry: the core collector plus its own HTTP counters."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.core = CoreCollector()
+        self.registry.register(self.core)
+        self.http_requests = Counter(
+            "uma_http_requests",
+            "HTTP requests answered by the gateway, by route, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.http_latency = Histogram(
+            "uma_http_request_duration_seconds",
+            "HTTP request time until the last byte of the response (streams included).",
+            ["route", "method"],
+            buckets=HTTP_BUCKETS,
+            registry=self.registry,
+        )
+        self.inflight = Gauge(
+            "uma_http_inflight_requests",
+            "Generation requests the gateway holds now (counted against --max-inflight).",
+            registry=self.registry,
+        )
+
+
+class HttpMetricsMiddleware:
+    """Pure ASGI middleware (no body buffering, safe for SSE): counts every answer."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, routes: set[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    def route_of(self, path: str) -> str:
+        if path in self.routes:
+            return path
+        if path.startswith("/v1/models/"):
+            return "/v1/models/{model}"
+        return "unmatched"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route, method = self.route_of(scope["path"]), scope["method"]
+            self.metrics.http_requests.labels(route, method, str(status)).inc()
+            self.metrics.http_latency.labels(route, method).observe(time.perf_counter() - start)

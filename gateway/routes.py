@@ -1,0 +1,282 @@
+"""OpenAI routes: completions, chat completions, models; plus /health and /metrics.
+
+Each generation route: take an in-flight slot (429 beyond --max-inflight), read the body under
+the size limit (413), validate it in one step (400), check it against the core's info (404 for
+an unknown model, 400 for max_tokens or prompt size), then run it through the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import aclosing
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from uma_serve.clients.client import CoreError
+from uma_serve.core import protocol as p
+from uma_serve.gateway import openai_schema as schema
+from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
+from uma_serve.gateway.streaming import (
+    ClientGone,
+    Job,
+    collect,
+    end_error,
+    race_disconnect,
+    sse_response,
+)
+
+QOS_HEADER = "x-uma-qos"
+# Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
+# client still sending is not cut off mid-write and sees the 413 instead of a reset.
+DRAIN_CAP = 64 << 20
+
+
+class Inflight:
+    """A non-blocking gate: requests over the limit are refused, never queued in the gateway."""
+
+    def __init__(self, limit: int, gauge: Any = None) -> None:
+        self.limit = limit
+        self.current = 0
+        self.gauge = gauge
+
+    def enter(self) -> None:
+        if self.limit > 0 and self.current >= self.limit:
+            raise ApiError(
+                429,
+                f"{self.current} requests in flight (--max-inflight {self.limit}): retry later",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+        self.current += 1
+        if self.gauge is not None:
+            self.gauge.inc()
+
+    def leave(self) -> None:
+        self.current -= 1
+        if self.gauge is not None:
+            self.gauge.dec()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 once it exceeds ``limit`` bytes."""
+    too_big = ApiError(
+        413,
+        f"request body over the limit of {limit} bytes",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > DRAIN_CAP:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > DRAIN_CAP:
+            break
+    if size > limit:
+        raise too_big
+    return b"".join(chunks)
+
+
+async def core_info(request: Request) -> p.InfoEvent:
+    try:
+        return await request.app.state.pool.info()
+    except CoreError as exc:
+        raise from_core_error(exc) from None
+
+
+def check_model(name: str | None, info: p.InfoEvent) -> str:
+    if name is None or name == info.model:
+        return info.model
+    raise ApiError(
+        404,
+        f"The model '{name}' does not exist; this server serves '{info.model}'",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def check_max_tokens(value: int | None, default: int, info: p.InfoEvent, param: str) -> int:
+    n = default if value is None else value
+    if n <= 0:
+        raise bad_request(f"{param} must be at least 1, got {n}", param, "invalid_value")
+    if n > info.max_tokens:
+        raise bad_request(
+            f"{param} is {n}, over this server's limit of {info.max_tokens}", param, "invalid_value"
+        )
+    return n
+
+
+def check_prompt_size(nbytes: int, info: p.InfoEvent, param: str) -> None:
+    """Refuse here what the core would refuse, before it reaches a shared connection."""
+    if nbytes > info.max_prompt_bytes:
+        raise ApiError(
+            400,
+            f"prompt of {nbytes} bytes is over this server's limit of {info.max_prompt_bytes}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def qos_of(request: Request, body_qos: str | None) -> str:
+    header = request.headers.get(QOS_HEADER)
+    if header is None:
+        return body_qos or "interactive"
+    value = header.strip().lower()
+    if value not in ("interactive", "background"):
+        raise bad_request("X-UMA-QoS must be 'interactive' or 'background'", "X-UMA-QoS")
+    return value
+
+
+def sampling(req: schema._Sampling) -> dict[str, Any]:
+    """OpenAI sampling fields -> Generate fields (OpenAI's defaults where unset)."""
+    out: dict[str, Any] = {
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "presence_penalty": req.presence_penalty or 0.0,
+        "frequency_penalty": req.frequency_penalty or 0.0,
+        "stop": req.stop,
+        "stream": bool(req.stream),
+    }
+    if req.seed is not None:
+        out["seed"] = req.seed % (1 << 32)
+    return out
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, schema.CompletionRequest)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, schema.ChatRequest)
+
+
+async def _generate(request: Request, kind: type) -> Response:
+    state = request.app.state
+    state.inflight.enter()
+    handed_off = False
+    try:
+        body = await read_body(request, state.settings.max_body_bytes)
+        req = schema.decode(body, kind)
+        qos = qos_of(request, req.qos)
+        info = await core_info(request)
+        model = check_model(req.model, info)
+        if isinstance(req, schema.CompletionRequest):
+            rid = f"cmpl-{uuid.uuid4().hex}"
+            text = req.prompt_text
+            check_prompt_size(len(text.encode()), info, "prompt")
+            max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
+            gen = p.Generate(id=rid, prompt=text, max_tokens=max_tokens, qos=qos, **sampling(req))
+            job = Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
+        else:
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            messages = req.core_messages()
+            size = sum(len(m["content"].encode()) for m in messages)
+            check_prompt_size(size, info, "messages")
+            param = req.max_tokens_param
+            max_tokens = check_max_tokens(req.requested_max_tokens, info.max_tokens, info, param)
+            gen = p.Generate(
+                id=rid,
+                messages=[p.Message(**m) for m in messages],
+                max_tokens=max_tokens,
+                qos=qos,
+                **sampling(req),
+            )
+            job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+        if req.stream:
+            response = await _start_stream(request, job, state.inflight.leave)
+            handed_off = True
+            return response
+        result = await race_disconnect(request, _run_whole(request, job))
+        return JSONResponse(result)
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; logged and counted as such
+    finally:
+        if not handed_off:
+            state.inflight.leave()
+
+
+async def _run_whole(request: Request, job: Job) -> dict[str, Any]:
+    try:
+        async with aclosing(request.app.state.pool.stream(job.generate)) as events:
+            return await collect(job, events)
+    except CoreError as exc:
+        raise _core_api_error(exc, job) from None
+
+
+def _core_api_error(exc: CoreError, job: Job) -> ApiError:
+    return from_core_error(exc, job.prompt_param)
+
+
+async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
+    """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
+    events = request.app.state.pool.stream(job.generate)
+    try:
+        first = await race_disconnect(request, anext(events))
+    except CoreError as exc:
+        await events.aclose()
+        raise _core_api_error(exc, job) from None
+    except BaseException:
+        await events.aclose()
+        raise
+    if isinstance(first, p.EosEvent | p.CompletionEvent) and first.reason not in ("stop", "length"):
+        await events.aclose()
+        raise end_error(job, first)  # type: ignore[misc]
+    return sse_response(job, first, events, on_close, headers={"X-Request-Id": job.id})
+
+
+async def list_models(request: Request) -> Response:
+    info = await core_info(request)
+    return JSONResponse({"object": "list", "data": [_model_card(info, request)]})
+
+
+async def get_model(request: Request) -> Response:
+    info = await core_info(request)
+    check_model(request.path_params["model"], info)
+    return JSONResponse(_model_card(info, request))
+
+
+def _model_card(info: p.InfoEvent, request: Request) -> dict[str, Any]:
+    return {
+        "id": info.model,
+        "object": "model",
+        "created": int(request.app.state.started),
+        "owned_by": "uma-serve",
+        "max_model_len": info.n_ctx_per_seq,
+    }
+
+
+async def health(request: Request) -> Response:
+    """200 when the core answers ``health``; 503 with the reason otherwise."""
+    try:
+        h = await request.app.state.pool.health()
+    except CoreError as exc:
+        return JSONResponse({"status": "unavailable", "reason": exc.message}, status_code=503)
+    body = {
+        "status": h.status,
+        "core": {"active_sessions": h.active_sessions, "waiting_sessions": h.waiting_sessions},
+    }
+    if h.status != "ok":
+        body["reason"] = "the core is draining (shutting down)"
+        return JSONResponse(body, status_code=503)
+    return JSONResponse(body)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text; the core's part comes from one snapshot taken now."""
+    state = request.app.state
+    try:
+        snapshot = await asyncio.wait_for(state.pool.metrics(), 5.0)
+    except (CoreError, TimeoutError):
+        snapshot = None
+    # No await between setting the snapshot and rendering: concurrent scrapes cannot mix.
+    state.metrics.core.set_snapshot(snapshot)
+    data = generate_latest(state.metrics.registry)
+    return Response(data, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,199 @@
+"""Turning core events into OpenAI answers: SSE chunks, whole responses, disconnect races.
+
+The rules that matter: a stream's first chunk leaves only once a real token exists (honest
+TTFT, and an early error is still a real HTTP status); one chunk per token event; the finish
+reason rides on the last chunk; ``include_usage`` adds a chunk with empty ``choices``; the
+stream ends with ``data: [DONE]``. A client that goes away cancels its core request at once,
+streamed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+
+from uma_serve.clients.client import CoreError
+from uma_serve.core import protocol as p
+from uma_serve.gateway.errors import ApiError, from_core_error
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
+@dataclass
+class Job:
+    """One OpenAI request on its way through the core."""
+
+    kind: Literal["text", "chat"]
+    id: str
+    model: str
+    generate: p.Generate
+    include_usage: bool = False
+    echo: str = ""
+    prompt_param: str = "prompt"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object(self) -> str:
+        return "text_completion" if self.kind == "text" else "chat.completion"
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "text_completion" if self.kind == "text" else "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+    def delta(self, text: str | None, finish: str | None = None, role: bool = False) -> dict:
+        if self.kind == "text":
+            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+        d: dict[str, Any] = {}
+        if role:
+            d["role"] = "assistant"
+        if text is not None:
+            d["content"] = text
+        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+
+    def whole(self, text: str, reason: str, usage: p.Usage) -> dict[str, Any]:
+        text = self.echo + text
+        if self.kind == "text":
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": usage_dict(usage),
+        }
+
+
+def usage_dict(u: p.Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
+
+
+def end_error(job: Job, ev: p.EosEvent | p.CompletionEvent) -> ApiError | None:
+    """An end that is not a normal finish (cancelled by the core, runtime error) as an error."""
+    if ev.reason in ("stop", "length"):
+        return None
+    detail = ev.detail or f"generation ended with reason {ev.reason!r}"
+    if ev.reason == "cancelled":
+        return from_core_error(CoreError(p.E_SHUTDOWN, detail), job.prompt_param)
+    return ApiError(500, detail, type="server_error", code=p.E_RUNTIME)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first; then cancel it, raise ClientGone.
+
+    Cancelling the work runs the client library's cleanup, which sends ``cancel`` to the core.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ClientGone
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
+    """Run a non-streamed request to its end and build the whole response body."""
+    parts: list[str] = []
+    async for ev in events:
+        if isinstance(ev, p.TokenEvent):
+            parts.append(ev.text)
+        elif isinstance(ev, p.CompletionEvent | p.EosEvent):
+            if err := end_error(job, ev):
+                raise err
+            text = ev.text if isinstance(ev, p.CompletionEvent) else "".join(parts)
+            return job.whole(text, ev.reason, ev.usage)
+    raise ApiError(500, "the core ended the request without a final event", type="server_error")
+
+
+def sse_response(
+    job: Job,
+    first: p.Event,
+    events: AsyncIterator[p.Event],
+    on_close: Callable[[], None],
+    headers: dict[str, str] | None = None,
+) -> EventSourceResponse:
+    """The stream, starting from an already received first event."""
+
+    async def body() -> AsyncIterator[str]:
+        ev: p.Event | None = first
+        sent_any = False
+        try:
+            while ev is not None:
+                if isinstance(ev, p.TokenEvent):
+                    text = ev.text
+                    if not sent_any:
+                        text = job.echo + text
+                        if job.kind == "chat":
+                            yield job.chunk([job.delta("", role=True)])
+                        sent_any = True
+                    yield job.chunk([job.delta(text)])
+                elif isinstance(ev, p.EosEvent | p.CompletionEvent):
+                    if err := end_error(job, ev):
+                        yield json.dumps(err.body())
+                        return
+                    if not sent_any and job.kind == "chat":
+                        yield job.chunk([job.delta("", role=True)])
+                    tail = job.echo if not sent_any else ""
+                    yield job.chunk([job.delta(tail if job.kind == "text" else None, ev.reason)])
+                    if job.include_usage:
+                        yield job.chunk([], usage_dict(ev.usage))
+                    yield "[DONE]"
+                    return
+                ev = await anext(events, None)
+            yield json.dumps(ApiError(500, "the core ended the stream early").body())
+        except CoreError as exc:
+            yield json.dumps(from_core_error(exc, job.prompt_param).body())
+        finally:
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+            on_close()
+
+    return EventSourceResponse(body(), headers=headers, sep="\n", ping=15)
