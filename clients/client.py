@@ -7,6 +7,7 @@ reader task routes each event to its request's queue. The gateway and the bench 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import socket
@@ -101,10 +102,8 @@ class AsyncUmaClient:
         finally:
             self._queues.pop(request.id, None)
             if not done and not self.closed:
-                try:
+                with contextlib.suppress(Exception):
                     self._writer.write(p.encode(p.Cancel(type="cancel", id=request.id)))
-                except Exception:
-                    pass
 
     async def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
         """Run a generation to its end; return the final event (text joined if streamed)."""
@@ -144,10 +143,8 @@ class AsyncUmaClient:
     async def close(self) -> None:
         self._reader_task.cancel()
         self._writer.close()
-        try:
+        with contextlib.suppress(Exception):
             await self._writer.wait_closed()
-        except Exception:
-            pass
         self.closed = True
 
 

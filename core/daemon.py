@@ -10,6 +10,7 @@ import socket
 import sys
 
 from uma_serve.core import config as cfg
+from uma_serve.core.chat import ChatTemplate, builtin_template
 from uma_serve.core.engine import Engine
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BaselinePolicy, Constraints
@@ -59,7 +60,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         metrics=EngineMetrics(),
         seed=config.seed,
     )
-    server = holder["server"] = CoreServer(config, runtime, engine)
+    template = runtime.chat_template or builtin_template(runtime.architecture)
+    chat = ChatTemplate(template) if template else None
+    server = holder["server"] = CoreServer(config, runtime, engine, chat)
     return runtime, engine, server
 
 

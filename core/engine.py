@@ -189,7 +189,9 @@ class Engine:
         plan = self.policy.schedule_tick(self.snapshot(), constraints)
         if plan.empty:
             return
-        spans = [self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items]
+        spans = [
+            self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items
+        ]
         t0 = time.perf_counter()
         rc, rows = self.runtime.decode(spans)
         ms = (time.perf_counter() - t0) * 1e3
@@ -248,7 +250,11 @@ class Engine:
         now = time.monotonic_ns()
         if rc == 1 and n_prefill > 1:
             self._max_prefill = max(n_prefill // 2, 1)
-            log.warning("no KV slot for %d tokens: shrinking prefill to %d", plan.n_tokens, self._max_prefill)
+            log.warning(
+                "no KV slot for %d tokens: shrinking prefill to %d",
+                plan.n_tokens,
+                self._max_prefill,
+            )
             return
         if rc == 1:  # decode alone does not fit: the longest sequence gives way
             victim = max(self._running.values(), key=lambda s: s.n_past)

@@ -67,8 +67,8 @@ class EngineMetrics:
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
         self.decode_ms_last = ms
-        self.decode_ms_ewma = ms if self.batch_calls_total == 0 else (
-            alpha * ms + (1 - alpha) * self.decode_ms_ewma
+        self.decode_ms_ewma = (
+            ms if self.batch_calls_total == 0 else (alpha * ms + (1 - alpha) * self.decode_ms_ewma)
         )
         self.tokens_per_tick_decode = n_decode
         self.tokens_per_tick_prefill = n_prefill

@@ -173,7 +173,9 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     max_prompt_bytes: int
 
 
-Event = TokenEvent | EosEvent | CompletionEvent | ErrorEvent | MetricsEvent | HealthEvent | InfoEvent
+Event = (
+    TokenEvent | EosEvent | CompletionEvent | ErrorEvent | MetricsEvent | HealthEvent | InfoEvent
+)
 
 
 class ProtocolError(Exception):

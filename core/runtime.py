@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,8 @@ import numpy as np
 
 log = logging.getLogger("uma.runtime")
 
-_LOG_LEVELS = {
-    ll.GGML_LOG_LEVEL_ERROR: logging.ERROR,
-    ll.GGML_LOG_LEVEL_WARN: logging.WARNING,
-    ll.GGML_LOG_LEVEL_INFO: logging.DEBUG,
-    ll.GGML_LOG_LEVEL_DEBUG: logging.DEBUG,
-}
+# ggml log levels (1 debug, 2 info, 3 warn, 4 error, 5 continuation); llama's info is chatty.
+_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 _llama_log = logging.getLogger("uma.llama")
 
 
@@ -138,8 +135,8 @@ class Runtime:
         cparams.n_batch = params.n_batch
         cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
         cparams.n_seq_max = params.n_seq
-        if params.threads > 0:
-            cparams.n_threads = cparams.n_threads_batch = params.threads
+        threads = params.threads if params.threads > 0 else (os.cpu_count() or 1)
+        cparams.n_threads = cparams.n_threads_batch = threads
         cparams.swa_full = params.swa_full
         cparams.kv_unified = params.kv_unified
         cparams.no_perf = True
@@ -155,7 +152,8 @@ class Runtime:
         self.n_ctx_per_seq = self.n_ctx // params.n_seq
         self.model_name = self._meta("general.name") or path.stem
         self.model_path = str(path)
-        self.chat_template = self._chat_template()
+        self.architecture = self._meta("general.architecture")
+        self.chat_template = self._chat_template()  # the GGUF's own, if it carries one
         self.threads = cparams.n_threads
         self._batch = ll.llama_batch_init(params.n_batch, 0, 1)
         # numpy views on the batch's arrays: one slice assignment per span instead of a
@@ -216,27 +214,6 @@ class Runtime:
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
-
-    def render_chat(self, messages: list[tuple[str, str]]) -> str:
-        """Render (role, content) pairs with the model's chat template, ready for the answer."""
-        if self.chat_template is None:
-            raise ValueError("the model has no chat template")
-        msgs = (ll.llama_chat_message * len(messages))()
-        keep = []
-        for i, (role, content) in enumerate(messages):
-            r, c = role.encode(), content.encode()
-            keep += [r, c]
-            msgs[i].role, msgs[i].content = r, c
-        tmpl = self.chat_template.encode()
-        size = 2 * sum(len(c) for _, c in messages) + 1024
-        buf = ctypes.create_string_buffer(size)
-        n = ll.llama_chat_apply_template(tmpl, msgs, len(messages), True, buf, size)
-        if n > size:
-            buf = ctypes.create_string_buffer(n)
-            n = ll.llama_chat_apply_template(tmpl, msgs, len(messages), True, buf, n)
-        if n < 0:
-            raise ValueError("llama.cpp does not support this model's chat template")
-        return buf.raw[:n].decode("utf-8", "replace")
 
     # ---- decode ----
 

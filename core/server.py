@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from uma_serve import __version__
 from uma_serve.core import protocol as p
+from uma_serve.core.chat import ChatTemplate, ChatTemplateError
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
 from uma_serve.core.runtime import Runtime
@@ -44,10 +45,13 @@ class Connection:
 
 
 class CoreServer:
-    def __init__(self, config: Config, runtime: Runtime, engine: Engine) -> None:
+    def __init__(
+        self, config: Config, runtime: Runtime, engine: Engine, chat: ChatTemplate | None
+    ) -> None:
         self.config = config
         self.runtime = runtime
         self.engine = engine
+        self.chat = chat
         self.connections: dict[int, Connection] = {}
         self.draining = False
         self._server: asyncio.AbstractServer | None = None
@@ -78,9 +82,12 @@ class CoreServer:
     def _overflow(self, conn: Connection) -> None:
         """The client stopped reading: cancel its requests, tell it why, stop writing tokens."""
         conn.overflowed = True
-        log.warning("connection %d: %d unread bytes, cancelling its requests", conn.id, conn.buffered)
+        log.warning(
+            "connection %d: %d unread bytes, cancelling its requests", conn.id, conn.buffered
+        )
         for rid in sorted(conn.inflight):
-            msg = f"client did not read its stream (over {self.config.max_write_buffer_bytes} bytes queued)"
+            limit = self.config.max_write_buffer_bytes
+            msg = f"client did not read its stream (over {limit} bytes queued)"
             conn.send(p.ErrorEvent(id=rid, code=p.E_IO, message=msg))
         conn.inflight.clear()
         self.engine.cancel_connection(conn.id)
@@ -169,12 +176,17 @@ class CoreServer:
         else:
             size = len((req.prompt or "").encode())
         if size > c.max_prompt_bytes:
-            return p.E_LIMIT, f"prompt of {size} bytes is over max_prompt_bytes {c.max_prompt_bytes}"
+            return (
+                p.E_LIMIT,
+                f"prompt of {size} bytes is over max_prompt_bytes {c.max_prompt_bytes}",
+            )
         if req.messages is not None:
+            if self.chat is None:
+                return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
-                text = self.runtime.render_chat([(m.role, m.content) for m in req.messages])
-            except ValueError as exc:
-                return p.E_MODEL, str(exc)
+                text = self.chat.render([(m.role, m.content) for m in req.messages])
+            except ChatTemplateError as exc:
+                return p.E_PROTO, str(exc)
         else:
             text = req.prompt or ""
         tokens = self.runtime.tokenize(text)
@@ -182,7 +194,10 @@ class CoreServer:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq
         if len(tokens) + 1 > room:
-            return p.E_LIMIT, f"prompt of {len(tokens)} tokens does not fit the context ({room} per sequence)"
+            return (
+                p.E_LIMIT,
+                f"prompt of {len(tokens)} tokens does not fit the context ({room} per sequence)",
+            )
         conn.inflight.add(req.id)
         self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
         return None
@@ -197,7 +212,7 @@ class CoreServer:
             n_ctx_per_seq=rt.n_ctx_per_seq,
             n_seq=rt.params.n_seq,
             n_vocab=rt.n_vocab,
-            chat_template=rt.chat_template is not None,
+            chat_template=self.chat is not None,
             version=__version__,
             max_tokens=self.config.max_tokens,
             max_prompt_bytes=self.config.max_prompt_bytes,

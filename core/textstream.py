@@ -36,7 +36,7 @@ class TextStream:
         return text[: len(text) - keep]
 
     def flush(self) -> str:
-        """End of generation: whatever is held is final text (a lone partial byte becomes U+FFFD)."""
+        """End of generation: what is held is final text (a lone partial byte becomes U+FFFD)."""
         if self.stopped:
             return ""
         text = self._held + self._decoder.decode(b"", final=True)

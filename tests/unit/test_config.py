@@ -1,0 +1,43 @@
+import pytest
+
+from uma_serve.core import config as cfg
+
+
+def test_defaults() -> None:
+    c = cfg.load([], environ={})
+    assert (c.socket, c.n_seq, c.max_frame_bytes) == ("/tmp/uma.sock", 4, 1 << 20)
+
+
+def test_flags_beat_env_beat_yaml(tmp_path) -> None:
+    path = tmp_path / "uma.yaml"
+    path.write_text("ipc:\n  uds_path: /tmp/from-yaml.sock\nlimits:\n  max_sessions: 7\nn_seq: 2\n")
+    env = {"UMA_CONFIG": str(path), "UMA_N_SEQ": "3", "UMA_SOCKET": "/tmp/from-env.sock"}
+    c = cfg.load(["--socket", "/tmp/flag.sock"], environ=env)
+    assert (c.socket, c.n_seq, c.max_sessions) == ("/tmp/flag.sock", 3, 7)
+
+
+def test_unknown_yaml_key_is_an_error(tmp_path) -> None:
+    path = tmp_path / "uma.yaml"
+    path.write_text("limits:\n  max_sesions: 7\n")
+    with pytest.raises(ValueError, match="max_sesions"):
+        cfg.load(["--config", str(path)], environ={})
+
+
+@pytest.mark.parametrize("argv", [["--n-seq", "0"], ["--log-level", "loud"], ["--n-ctx", "64"]])
+def test_invalid_values(argv: list[str]) -> None:
+    with pytest.raises(ValueError):
+        cfg.load(argv, environ={})
+
+
+def test_bad_env_type() -> None:
+    with pytest.raises(ValueError, match="invalid configuration"):
+        cfg.load([], environ={"UMA_N_BATCH": "lots"})
+
+
+def test_help_documents_every_option(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cfg.parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for name in cfg.OPTIONS:
+        assert "--" + name.replace("_", "-") in out
+        assert cfg.env_name(name) in out
