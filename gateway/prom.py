@@ -12,7 +12,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -21,6 +27,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# The *_created series only add noise for a long-running gateway's counters.
+disable_created_metrics()
 
 # snapshot histogram key -> (metric name, help)
 HISTOGRAMS = {
