@@ -1,7 +1,8 @@
 """uma-cli: talk to umad over its socket.
 
-Exit codes: 0 success, 2 server error (an error event, or the daemon unreachable),
-3 protocol error (a frame the client cannot decode).
+Exit codes: 0 success; 2 server error (an error event, or the daemon unreachable);
+3 protocol error (the daemon rejected the request as malformed, E_PROTO_*, or sent a frame
+the client cannot decode).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         code = run(args)
     except CoreError as exc:
         print(f"uma-cli: {exc}", file=sys.stderr)
-        code = EXIT_SERVER
+        code = EXIT_PROTOCOL if exc.code.startswith("E_PROTO") else EXIT_SERVER
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         print(f"uma-cli: cannot reach the daemon at {args.socket}: {exc}", file=sys.stderr)
         code = EXIT_SERVER

@@ -199,9 +199,8 @@ class UmaClient:
                 return
 
     def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
-        last = None
-        for last in self.stream(request):
-            pass
+        events = list(self.stream(request))
+        last = events[-1]
         assert isinstance(last, p.CompletionEvent | p.EosEvent)
         return last
 

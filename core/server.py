@@ -76,8 +76,15 @@ class CoreServer:
                 conn.send(event)
                 touched.add(conn)
         for conn in touched:
-            if conn.buffered > self.config.max_write_buffer_bytes:
-                self._overflow(conn)
+            self._check_backlog(conn)
+
+    def _send(self, conn: Connection, event: p.Event) -> None:
+        conn.send(event)
+        self._check_backlog(conn)
+
+    def _check_backlog(self, conn: Connection) -> None:
+        if not conn.overflowed and conn.buffered > self.config.max_write_buffer_bytes:
+            self._overflow(conn)
 
     def _overflow(self, conn: Connection) -> None:
         """The client stopped reading: cancel its requests, tell it why, stop writing tokens."""
@@ -153,13 +160,13 @@ class CoreServer:
                 if rid in conn.inflight:
                     self.engine.cancel((conn.id, rid))
             case p.MetricsRequest(id=rid):
-                conn.send(p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
+                self._send(conn, p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
             case p.HealthRequest(id=rid):
                 m = self.engine.metrics
                 status = "draining" if self.draining else "ok"
-                conn.send(p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
+                self._send(conn, p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
             case p.InfoRequest(id=rid):
-                conn.send(self.info(rid))
+                self._send(conn, self.info(rid))
 
     def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
         c = self.config

@@ -1,0 +1,248 @@
+"""Bad input and bad conditions: each gets its status, an OpenAI error object and no leak.
+
+Where the SDK cannot produce the input (malformed JSON, wrong types), raw HTTP is used; the
+error shape is then checked by hand. Everything else goes through the SDK's own exceptions.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+from gateway_fixtures import *  # noqa: F403
+from gateway_fixtures import API_KEYS, start_gateway, wait_idle
+
+pytestmark = pytest.mark.integration
+
+
+def assert_error_object(r: httpx.Response, status: int, param: str | None = "any") -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param != "any":
+        assert err["param"] == param
+    return err
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_malformed_json(gateway, route):
+    r = httpx.post(
+        f"{gateway.base_url}/{route}",
+        content=b'{"prompt": "hi", ',
+        headers={"content-type": "application/json"},
+    )
+    assert_error_object(r, 400)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": 42}, "prompt"),
+        ({"prompt": "hi", "max_tokens": "ten"}, "max_tokens"),
+        ({"prompt": "hi", "temperature": "hot"}, "temperature"),
+        ({"prompt": "hi", "temperature": 7}, "temperature"),
+        ({"prompt": "hi", "stream": "yes"}, "stream"),
+        ({"prompt": "hi", "stop": [1, 2]}, "stop"),
+        ({"max_tokens": 4}, "prompt"),
+        ({"prompt": "hi", "unknown_option": 1}, "unknown_option"),
+        ([1, 2, 3], None),
+    ],
+)
+def test_completion_wrong_fields(gateway, body, param):
+    r = httpx.post(f"{gateway.base_url}/completions", json=body)
+    err = assert_error_object(r, 400)
+    if param:
+        assert err["param"] is not None and err["param"].startswith(param)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "messages"),
+        ({"messages": "hello"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ],
+)
+def test_chat_wrong_fields(gateway, body, param):
+    r = httpx.post(f"{gateway.base_url}/chat/completions", json=body)
+    err = assert_error_object(r, 400)
+    assert err["param"] == param
+
+
+def test_missing_prompt_via_sdk(sdk, model_id):
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model_id, prompt=None, max_tokens=4)  # type: ignore[arg-type]
+    assert err.value.param == "prompt"
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_max_tokens_not_positive(sdk, model_id, n):
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model_id, prompt="hi", max_tokens=n)
+    assert err.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=n
+        )
+    assert err.value.param == "max_completion_tokens"
+
+
+def test_max_tokens_over_limit(sdk, model_id):
+    limit = 512  # the session daemon's --max-tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model_id, prompt="hi", max_tokens=limit + 1)
+    assert err.value.param == "max_tokens" and str(limit) in err.value.message
+    with pytest.raises(openai.BadRequestError):
+        sdk.chat.completions.create(
+            model=model_id,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=limit + 1,
+            stream=True,
+        )
+
+
+def test_prompt_over_core_limit(sdk, model_id):
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model_id, prompt="word " * 5000, max_tokens=4)
+    assert err.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"best_of": 3}, "best_of"),
+        ({"suffix": "end"}, "suffix"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"logprobs": 2}, "logprobs"),
+    ],
+)
+def test_unsupported_options_are_refused_not_ignored(sdk, model_id, extra, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model_id, prompt="hi", max_tokens=4, **extra)
+    assert err.value.param == param
+
+
+def test_unknown_model(sdk):
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk.completions.create(model="gpt-17", prompt="hi", max_tokens=4)
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        sdk.chat.completions.create(
+            model="gpt-17", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    with pytest.raises(openai.NotFoundError):
+        sdk.models.retrieve("gpt-17")
+
+
+def test_unknown_route(gateway, sdk):
+    assert_error_object(httpx.get(f"{gateway.base_url}/engines"), 404)
+    with pytest.raises(openai.NotFoundError):
+        sdk.embeddings.create(model="x", input="hi")
+
+
+def test_body_too_large(gateway, strict_gateway, model_id):
+    big = "x" * (2 << 20)
+    with pytest.raises(openai.APIStatusError) as err:
+        gateway.client().completions.create(model=model_id, prompt=big, max_tokens=4)
+    assert err.value.status_code == 413
+    r = httpx.post(
+        f"{strict_gateway.base_url}/completions",
+        json={"prompt": "y" * 70000},
+        headers={"Authorization": f"Bearer {API_KEYS[0]}"},
+    )
+    assert_error_object(r, 413)
+
+
+def test_auth(strict_gateway, model_id):
+    with pytest.raises(openai.AuthenticationError):
+        strict_gateway.client(api_key="wrong-key").models.list()
+    r = httpx.get(f"{strict_gateway.base_url}/models")
+    assert_error_object(r, 401)
+    r = httpx.post(f"{strict_gateway.base_url}/completions", json={"prompt": "x"})
+    assert_error_object(r, 401)
+    for key in API_KEYS:
+        client = strict_gateway.client(api_key=key)
+        assert client.models.list().data[0].id == model_id
+    r = client.completions.create(model=model_id, prompt="hi", max_tokens=2)
+    assert r.choices
+    assert httpx.get(f"{strict_gateway.url}/health").status_code == 200
+
+
+def test_auth_off_takes_any_key(gateway):
+    assert gateway.client(api_key="anything").models.list().data
+
+
+def test_too_many_in_flight(strict_gateway, umad, model_id):
+    client = strict_gateway.client(api_key=API_KEYS[0])
+    stream = client.completions.create(
+        model=model_id, prompt="Once upon a time", max_tokens=200, stream=True
+    )
+    first = next(iter(stream))  # the one slot is now held by this stream
+    assert first.choices
+    try:
+        with pytest.raises(openai.RateLimitError) as err:
+            client.completions.create(model=model_id, prompt="hi", max_tokens=2)
+        assert err.value.response.headers["retry-after"]
+    finally:
+        stream.close()
+    wait_idle(umad.socket)
+    assert client.completions.create(model=model_id, prompt="hi", max_tokens=2).choices
+
+
+def test_core_down(fresh_tmp):
+    gw = start_gateway(str(fresh_tmp / "nobody-home.sock"), log_dir=fresh_tmp)
+    try:
+        client = gw.client()
+        with pytest.raises(openai.InternalServerError) as err:
+            client.completions.create(model="m", prompt="hi", max_tokens=2)
+        assert err.value.status_code == 503
+        with pytest.raises(openai.InternalServerError) as err:
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+        assert err.value.status_code == 503
+        with pytest.raises(openai.InternalServerError):
+            client.models.list()
+        r = httpx.get(f"{gw.url}/health")
+        assert r.status_code == 503 and r.json()["reason"]
+        metrics = httpx.get(f"{gw.url}/metrics")
+        assert metrics.status_code == 200 and "uma_core_up 0.0" in metrics.text
+    finally:
+        gw.stop()
+
+
+def test_concurrent_bad_and_good_requests_leak_nothing(gateway, umad, model_id):
+    """A mix of refused and served requests at once; afterwards no sequence is held."""
+    client = gateway.client()
+    errors: list[BaseException] = []
+
+    def good() -> None:
+        try:
+            client.completions.create(model=model_id, prompt="Hello", max_tokens=4)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def bad() -> None:
+        try:
+            client.completions.create(model=model_id, prompt="Hello", max_tokens=10**6)
+        except openai.BadRequestError:
+            return
+        errors.append(AssertionError("max_tokens over limit was accepted"))
+
+    threads = [threading.Thread(target=f) for f in (good, bad, good, bad, good)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    m = wait_idle(umad.socket)
+    assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
+    assert gateway.proc.poll() is None

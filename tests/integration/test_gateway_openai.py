@@ -1,0 +1,186 @@
+"""The gateway through the real openai SDK: completions and chat, streamed and not."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from conftest import start_daemon
+from gateway_fixtures import *  # noqa: F403
+from gateway_fixtures import core_metrics, start_gateway, wait_idle
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "The capital of France is"
+CHAT = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "Name a color."},
+]
+
+
+def test_models_list(sdk, umad):
+    models = sdk.models.list()
+    assert len(models.data) == 1
+    card = models.data[0]
+    assert card.object == "model" and card.owned_by == "uma-serve" and card.id
+    assert sdk.models.retrieve(card.id).id == card.id
+
+
+def test_completion_whole(sdk, model_id):
+    r = sdk.completions.create(model=model_id, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert r.model == model_id
+    choice = r.choices[0]
+    assert choice.index == 0 and choice.text
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completion_default_max_tokens_is_16(sdk, model_id):
+    r = sdk.completions.create(model=model_id, prompt="Count: 1, 2, 3,", temperature=0)
+    assert r.usage.completion_tokens <= 16
+
+
+def test_completion_stream_matches_whole(sdk, model_id):
+    kw = dict(model=model_id, prompt=PROMPT, max_tokens=8, temperature=0)
+    whole = sdk.completions.create(**kw)
+    chunks = list(sdk.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text_chunks = [c for c in chunks if c.choices]
+    assert all(c.object == "text_completion" for c in chunks)
+    assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in text_chunks][:-1] == [None] * (
+        len(text_chunks) - 1
+    )
+    assert text_chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completion_stream_without_usage(sdk, model_id):
+    chunks = list(
+        sdk.completions.create(model=model_id, prompt=PROMPT, max_tokens=4, stream=True, seed=3)
+    )
+    assert chunks and all(c.choices for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_completion_list_of_one_prompt_and_echo(sdk, model_id):
+    kw = dict(model=model_id, max_tokens=4, temperature=0)
+    plain = sdk.completions.create(prompt=PROMPT, **kw)
+    echoed = sdk.completions.create(prompt=[PROMPT], echo=True, **kw)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    streamed = sdk.completions.create(prompt=PROMPT, echo=True, stream=True, **kw)
+    assert "".join(c.choices[0].text for c in streamed) == echoed.choices[0].text
+
+
+def test_completion_seed_is_reproducible(sdk, model_id):
+    kw = dict(model=model_id, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=42)
+    assert sdk.completions.create(**kw).choices[0].text == sdk.completions.create(**kw).choices[
+        0
+    ].text
+
+
+def test_chat_whole(sdk, model_id):
+    r = sdk.chat.completions.create(model=model_id, messages=CHAT, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and isinstance(msg.content, str)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert 0 < r.usage.completion_tokens <= 8
+
+
+def test_chat_max_completion_tokens(sdk, model_id):
+    r = sdk.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        max_completion_tokens=3,
+        temperature=0,
+    )
+    assert r.usage.completion_tokens <= 3
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_stream_role_first_then_content(sdk, model_id):
+    kw = dict(model=model_id, messages=CHAT, max_tokens=8, temperature=0)
+    whole = sdk.chat.completions.create(**kw)
+    chunks = list(
+        sdk.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    choices = [c.choices[0] for c in chunks if c.choices]
+    text = "".join(ch.delta.content or "" for ch in choices)
+    assert text == whole.choices[0].message.content
+    assert choices[-1].finish_reason == whole.choices[0].finish_reason
+    assert all(ch.finish_reason is None for ch in choices[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_chat_stop_sequence_and_qos(gateway, model_id):
+    client = gateway.client(default_headers={"X-UMA-QoS": "background"})
+    r = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "List the numbers 1 to 10 separated by commas."}],
+        max_tokens=24,
+        temperature=0,
+        stop=[","],
+    )
+    assert "," not in r.choices[0].message.content
+
+
+def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id):
+    before = core_metrics(umad.socket)["requests_total"]["cancelled"]
+    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{gateway.base_url}/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen == 2:
+                break
+    m = wait_idle(umad.socket)
+    assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
+    assert m["requests_total"]["cancelled"] == before + 1
+
+
+def test_client_disconnect_whole_request_cancels(gateway, umad, model_id):
+    before = core_metrics(umad.socket)["requests_total"]["cancelled"]
+    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{gateway.base_url}/completions", json=body, timeout=1.0)
+    m = wait_idle(umad.socket)
+    assert m["active_sessions"] == 0
+    deadline = time.monotonic() + 10
+    while m["requests_total"]["cancelled"] < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        m = core_metrics(umad.socket)
+    assert m["requests_total"]["cancelled"] == before + 1
+
+
+def test_gateway_survives_core_restart(fresh_tmp):
+    daemon = start_daemon(fresh_tmp, "--n-seq", "2", "--n-ctx", "1024")
+    gw = start_gateway(daemon.socket, log_dir=fresh_tmp)
+    try:
+        client = gw.client()
+        model = client.models.list().data[0].id
+        assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices
+        daemon.stop()
+        with pytest.raises(openai.InternalServerError) as err:
+            client.completions.create(model=model, prompt="Hi", max_tokens=2)
+        assert err.value.status_code == 503
+        assert httpx.get(f"{gw.url}/health").status_code == 503
+        daemon = start_daemon(fresh_tmp, "--n-seq", "2", "--n-ctx", "1024")
+        assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices
+        assert httpx.get(f"{gw.url}/health").status_code == 200
+    finally:
+        gw.stop()
+        daemon.stop()
