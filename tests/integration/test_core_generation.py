@@ -106,7 +106,9 @@ def test_cancel_and_disconnect_free_sequences(umad) -> None:
 
     async def again() -> list[p.Event]:  # full concurrency is available again
         client = await AsyncUmaClient.connect(umad.socket)
-        done = await asyncio.gather(*(client.complete(gen(f"Q{i}", max_tokens=4)) for i in range(4)))
+        done = await asyncio.gather(
+            *(client.complete(gen(f"Q{i}", max_tokens=4)) for i in range(4))
+        )
         await client.close()
         return list(done)
 

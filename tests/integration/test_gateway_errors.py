@@ -11,8 +11,9 @@ import threading
 import httpx
 import openai
 import pytest
-from gateway_fixtures import *  # noqa: F403
-from gateway_fixtures import API_KEYS, start_gateway, wait_idle
+
+from .gateway_fixtures import *  # noqa: F403
+from .gateway_fixtures import API_KEYS, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,9 @@ import httpx
 import openai
 import pytest
 from conftest import start_daemon
-from gateway_fixtures import *  # noqa: F403
-from gateway_fixtures import core_metrics, start_gateway, wait_idle
+
+from .gateway_fixtures import *  # noqa: F403
+from .gateway_fixtures import core_metrics, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +52,7 @@ def test_completion_stream_matches_whole(sdk, model_id):
     text_chunks = [c for c in chunks if c.choices]
     assert all(c.object == "text_completion" for c in chunks)
     assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
-    assert [c.choices[0].finish_reason for c in text_chunks][:-1] == [None] * (
-        len(text_chunks) - 1
-    )
+    assert [c.choices[0].finish_reason for c in text_chunks][:-1] == [None] * (len(text_chunks) - 1)
     assert text_chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     usage_chunk = chunks[-1]
     assert usage_chunk.choices == [] and usage_chunk.usage is not None
@@ -80,9 +79,9 @@ def test_completion_list_of_one_prompt_and_echo(sdk, model_id):
 
 def test_completion_seed_is_reproducible(sdk, model_id):
     kw = dict(model=model_id, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=42)
-    assert sdk.completions.create(**kw).choices[0].text == sdk.completions.create(**kw).choices[
-        0
-    ].text
+    assert (
+        sdk.completions.create(**kw).choices[0].text == sdk.completions.create(**kw).choices[0].text
+    )
 
 
 def test_chat_whole(sdk, model_id):

@@ -1,0 +1,108 @@
+"""Every bad input gets its documented error; the daemon keeps serving; nothing leaks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from uma_serve.core import protocol as p
+
+from .helpers import frame, gen, raw_socket, read_event, wait_idle
+
+
+def ask_raw(umad, payload: bytes) -> p.Event | None:
+    s = raw_socket(umad.socket)
+    try:
+        s.sendall(frame(payload))
+        return read_event(s)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "payload, code",
+    [
+        (b"{this is not json", p.E_PROTO),
+        (b'"a string"', p.E_PROTO),
+        (b'{"id": "x", "prompt": 42}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "max_tokens": 0}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "max_tokens": -5}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "temperature": "hot"}', p.E_PROTO),
+        (b'{"type": "explode", "id": "x"}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "\xc3\x28"}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "max_tokens": 100000}', p.E_LIMIT_TOKENS),
+    ],
+)
+def test_invalid_request_gets_error_and_connection_survives(umad, payload: bytes, code: str):
+    s = raw_socket(umad.socket)
+    s.sendall(frame(payload))
+    ev = read_event(s)
+    assert isinstance(ev, p.ErrorEvent) and ev.code == code and ev.message
+    s.sendall(p.encode(p.HealthRequest(type="health", id="h")))  # still served
+    assert isinstance(read_event(s), p.HealthEvent)
+    s.close()
+
+
+def test_frame_over_maximum_is_answered_then_closed(umad) -> None:
+    s = raw_socket(umad.socket)
+    s.sendall(p.HEADER.pack(2**31))  # claims 2 GiB: nothing of that size is allocated
+    ev = read_event(s)
+    assert isinstance(ev, p.ErrorEvent) and ev.code == p.E_FRAME
+    assert read_event(s) is None  # closed
+    s.close()
+    with umad.client() as c:
+        assert c.health().status == "ok"
+
+
+def test_prompt_over_max_prompt_bytes(umad) -> None:
+    ev = ask_raw(umad, json.dumps({"id": "big", "prompt": "x" * 20001}).encode())
+    assert isinstance(ev, p.ErrorEvent) and ev.code == p.E_LIMIT and "20001 bytes" in ev.message
+
+
+def test_prompt_over_the_context(umad) -> None:
+    prompt = "hello " * 3000  # 18000 bytes, under the byte limit; ~3000 tokens > 1024 per seq
+    ev = ask_raw(umad, json.dumps({"id": "long", "prompt": prompt}).encode())
+    assert isinstance(ev, p.ErrorEvent) and ev.code == p.E_LIMIT and "context" in ev.message
+
+
+def test_duplicate_id_in_flight(umad) -> None:
+    s = raw_socket(umad.socket)
+    req = gen("Dup", id="same", max_tokens=50, ignore_eos=True)
+    s.sendall(p.encode(req) + p.encode(req))
+    events = []
+    while not events or not isinstance(events[-1], p.EosEvent):
+        events.append(read_event(s))
+    errors = [e for e in events if isinstance(e, p.ErrorEvent)]
+    assert len(errors) == 1 and errors[0].code == p.E_DUP_ID
+    s.close()
+
+
+def test_more_than_max_sessions_is_busy(umad) -> None:
+    s = raw_socket(umad.socket)
+    reqs = [gen(f"Busy {i}", id=f"busy-{i}", max_tokens=200, ignore_eos=True) for i in range(17)]
+    s.sendall(b"".join(p.encode(r) for r in reqs))  # the 17th is over --max-sessions 16
+    while True:
+        ev = read_event(s)
+        if isinstance(ev, p.ErrorEvent):
+            break
+    assert (ev.code, ev.id) == (p.E_BUSY, "busy-16")
+    s.close()  # the other 16 (4 running, 12 waiting) are cancelled by the disconnect
+    assert wait_idle(umad)["kv_cells_used"] == 0
+
+
+def test_unknown_cancel_is_harmless(umad) -> None:
+    s = raw_socket(umad.socket)
+    s.sendall(p.encode(p.Cancel(type="cancel", id="nobody")))
+    s.sendall(p.encode(p.HealthRequest(type="health", id="h")))
+    assert isinstance(read_event(s), p.HealthEvent)
+    s.close()
+
+
+def test_truncated_frame_then_disconnect(umad) -> None:
+    s = raw_socket(umad.socket)
+    s.sendall(p.HEADER.pack(100) + b'{"id": "half')
+    s.close()
+    with umad.client() as c:
+        done = c.complete(gen("Still alive?", max_tokens=3))
+    assert done.usage.completion_tokens >= 1

@@ -1,0 +1,235 @@
+"""Gateway pieces without a model: schema validation, error mapping, auth, the Prometheus
+conversion, the deploy kit's metric names, and the app's answers when no core is there."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from uma_serve.clients.client import CoreError
+from uma_serve.core import protocol as p
+from uma_serve.core.metrics import EngineMetrics
+from uma_serve.gateway import openai_schema as schema
+from uma_serve.gateway.app import Settings, create_app
+from uma_serve.gateway.auth import bearer_of, key_matches
+from uma_serve.gateway.errors import ApiError, from_core_error
+from uma_serve.gateway.prom import GatewayMetrics, histogram_family
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def decode_error(body: bytes, kind: type = schema.CompletionRequest) -> ApiError:
+    with pytest.raises(ApiError) as err:
+        schema.decode(body, kind)
+    assert err.value.status == 400
+    return err.value
+
+
+def test_completion_request_defaults():
+    req = schema.decode(b'{"prompt": "hi", "model": "m"}', schema.CompletionRequest)
+    assert req.max_tokens == 16 and req.prompt_text == "hi" and not req.include_usage
+    req = schema.decode(
+        b'{"prompt": ["x"], "stream": true, "stream_options": {"include_usage": true}}',
+        schema.CompletionRequest,
+    )
+    assert req.prompt_text == "x" and req.include_usage
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"prompt": 1}', "prompt"),
+        (b'{"prompt": ["a", "b"]}', "prompt"),
+        (b'{"prompt": [1, 2]}', "prompt"),
+        (b'{"prompt": "a", "top_p": 1.5}', "top_p"),
+        (b'{"prompt": "a", "stop": ["1","2","3","4","5"]}', "stop"),
+        (b'{"prompt": "a", "n": 3}', "n"),
+        (b'{"prompt": "a", "best_of": 2}', "best_of"),
+        (b'{"prompt": "a", "suffix": "z"}', "suffix"),
+        (b'{"prompt": "a", "logit_bias": {"1": 3}}', "logit_bias"),
+        (b'{"prompt": "a", "stream_options": {"include_usage": true}}', "stream_options"),
+        (b'{"prompt": "a", "stream_options": {"x": 1}, "stream": true}', "stream_options.x"),
+        (b'{"prompt": "a", "qos": "urgent"}', "qos"),
+        (b"{}", "prompt"),
+    ],
+)
+def test_completion_request_refusals(body, param):
+    assert decode_error(body).param == param
+
+
+def test_malformed_and_empty_bodies():
+    assert decode_error(b"{nope").code == "invalid_json"
+    assert decode_error(b"").param is None
+    assert decode_error(b"[]").status == 400
+
+
+def test_chat_request_messages():
+    req = schema.decode(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "developer", "content": "be brief"},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    },
+                ],
+                "max_completion_tokens": 5,
+                "max_tokens": 9,
+            }
+        ).encode(),
+        schema.ChatRequest,
+    )
+    assert req.core_messages() == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+    ]
+    assert req.requested_max_tokens == 5 and req.max_tokens_param == "max_completion_tokens"
+    bad = b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}'
+    with pytest.raises(ApiError):
+        schema.decode(bad, schema.ChatRequest).core_messages()
+    assert decode_error(b'{"messages": []}', schema.ChatRequest).param == "messages"
+    wrong_role = b'{"messages": [{"role": "x", "content": "a"}]}'
+    assert decode_error(wrong_role, schema.ChatRequest).param == "messages[0].role"
+    tools = b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}'
+    assert decode_error(tools, schema.ChatRequest).param == "tools"
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        (p.E_PROTO, 400),
+        (p.E_LIMIT, 400),
+        (p.E_LIMIT_TOKENS, 400),
+        (p.E_BUSY, 429),
+        (p.E_SHUTDOWN, 503),
+        (p.E_IO, 503),
+        (p.E_MODEL, 500),
+        (p.E_RUNTIME, 500),
+    ],
+)
+def test_core_error_mapping(code, status):
+    err = from_core_error(CoreError(code, "boom"))
+    assert err.status == status
+    assert set(err.body()["error"]) == {"message", "type", "param", "code"}
+    if status in (429, 503):
+        assert err.headers["Retry-After"]
+    if code == p.E_LIMIT:
+        assert err.code == "context_length_exceeded"
+
+
+def test_auth_helpers():
+    keys = [b"alpha", b"beta"]
+    assert key_matches("beta", keys) and key_matches("alpha", keys)
+    assert not key_matches("gamma", keys) and not key_matches("", keys)
+    assert bearer_of(b"Bearer abc") == "abc" and bearer_of(b"bearer  abc ") == "abc"
+    assert bearer_of(b"Basic abc") is None and bearer_of(None) is None
+    assert bearer_of(b"Bearer ") is None
+
+
+def test_histogram_conversion_is_cumulative_in_seconds():
+    fam = histogram_family(
+        "uma_x_seconds", "x", {"bounds": [5, 10], "counts": [1, 2, 3], "sum": 1500.0, "count": 6}
+    )
+    samples = {(s.name, s.labels.get("le")): s.value for s in fam.samples}
+    assert samples[("uma_x_seconds_bucket", "0.005")] == 1
+    assert samples[("uma_x_seconds_bucket", "0.01")] == 3
+    assert samples[("uma_x_seconds_bucket", "+Inf")] == 6
+    assert samples[("uma_x_seconds_count", None)] == 6
+    assert samples[("uma_x_seconds_sum", None)] == pytest.approx(1.5)
+
+
+def exported_sample_names() -> set[str]:
+    """Every series name the gateway exports, from a real EngineMetrics snapshot."""
+    engine = EngineMetrics()
+    engine.ttft_ms.observe(12.0)
+    metrics = GatewayMetrics()
+    metrics.core.set_snapshot(engine.snapshot())
+    metrics.http_requests.labels("/v1/completions", "POST", "200").inc()
+    metrics.http_latency.labels("/v1/completions", "POST").observe(0.1)
+    text = generate_latest(metrics.registry).decode()
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+REQUIRED = {
+    "uma_time_to_first_token_seconds_bucket",
+    "uma_inter_token_latency_seconds_bucket",
+    "uma_e2e_request_latency_seconds_bucket",
+    "uma_request_queue_time_seconds_bucket",
+    "uma_num_requests_running",
+    "uma_num_requests_waiting",
+    "uma_decode_ms_ewma",
+    "uma_tick_tokens",
+    "uma_kv_cache_usage_ratio",
+    "uma_prompt_tokens_total",
+    "uma_generation_tokens_total",
+    "uma_request_success_total",
+    "uma_http_requests_total",
+    "uma_http_request_duration_seconds_bucket",
+    "uma_core_up",
+}
+
+
+def test_issue_metric_names_are_exported():
+    assert exported_sample_names() >= REQUIRED
+
+
+def metric_names_in(expr: str) -> set[str]:
+    return set(re.findall(r"\buma_[a-z_]+\b", expr))
+
+
+def test_dashboard_and_alerts_use_only_exported_metrics():
+    exported = exported_sample_names()
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    used = set().union(*(metric_names_in(e) for e in exprs))
+    assert used, "no uma_ metric found in the dashboard or the alerts"
+    assert used <= exported, f"not exported: {sorted(used - exported)}"
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for needed in ("first token", "inter-token", "tokens per second", "running", "tick"):
+        assert needed in titles
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_checks_rules_and_config():
+    for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
+        out = subprocess.run(["promtool", *args], cwd=DEPLOY, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.fixture
+def no_core_app(tmp_path):
+    settings = Settings(core_socket=str(tmp_path / "none.sock"), api_keys=["k"], max_body_bytes=100)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        yield client
+
+
+def test_app_without_core(no_core_app):
+    auth = {"Authorization": "Bearer k"}
+    assert no_core_app.get("/health").status_code == 503
+    assert no_core_app.get("/v1/models").status_code == 401
+    r = no_core_app.get("/v1/models", headers=auth)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "core_unavailable"
+    r = no_core_app.post("/v1/completions", headers=auth, json={"prompt": "x" * 200})
+    assert r.status_code == 413
+    r = no_core_app.post("/v1/completions", headers=auth, content=b"{oops")
+    assert r.status_code == 400
+    qos = {**auth, "X-UMA-QoS": "now"}
+    r = no_core_app.post("/v1/completions", headers=qos, json={"prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-UMA-QoS"
+    r = no_core_app.get("/nowhere")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    m = no_core_app.get("/metrics")
+    assert m.status_code == 200 and "uma_core_up 0.0" in m.text
+    assert 'uma_http_requests_total{method="GET",route="/v1/models",status="401"}' in m.text
