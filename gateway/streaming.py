@@ -153,6 +153,24 @@ async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
     raise ApiError(500, "the core ended the request without a final event", type="server_error")
 
 
+class GuardedEventSource(EventSourceResponse):
+    """An EventSourceResponse that runs ``cleanup`` however the response ends.
+
+    The body generator's own ``finally`` does not run if the generator never started (the
+    client left before the first send): this wrapper still frees the slot and the core request.
+    """
+
+    def __init__(self, *args: Any, cleanup: Callable[[], Awaitable[None]], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
 def sse_response(
     job: Job,
     first: p.Event,
@@ -161,6 +179,19 @@ def sse_response(
     headers: dict[str, str] | None = None,
 ) -> EventSourceResponse:
     """The stream, starting from an already received first event."""
+    closed = False
+
+    async def cleanup() -> None:
+        """Idempotent: close the core stream (which sends ``cancel`` if unfinished), once."""
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        try:
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+        finally:
+            on_close()
 
     async def body() -> AsyncIterator[str]:
         ev: p.Event | None = first
@@ -192,8 +223,6 @@ def sse_response(
         except CoreError as exc:
             yield json.dumps(from_core_error(exc, job.prompt_param).body())
         finally:
-            with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]
-            on_close()
+            await cleanup()
 
-    return EventSourceResponse(body(), headers=headers, sep="\n", ping=15)
+    return GuardedEventSource(body(), headers=headers, sep="\n", ping=15, cleanup=cleanup)

@@ -1,0 +1,141 @@
+"""A real Prometheus server scrapes the real gateway while requests run, then is queried."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from .gateway_fixtures import *  # noqa: F403
+from .gateway_fixtures import free_port
+
+pytestmark = pytest.mark.integration
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+PROMETHEUS = shutil.which("prometheus")
+
+
+def query(base: str, expr: str) -> list[dict]:
+    r = httpx.get(f"{base}/api/v1/query", params={"query": expr}, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def wait_for_value(base: str, expr: str, timeout: float = 60.0) -> float:
+    """Poll an instant query until it returns a positive number; return it (or fail)."""
+    deadline = time.monotonic() + timeout
+    last: list[dict] = []
+    while time.monotonic() < deadline:
+        last = query(base, expr)
+        if last and float(last[0]["value"][1]) > 0:
+            return float(last[0]["value"][1])
+        time.sleep(0.5)
+    pytest.fail(f"{expr} had no positive value within {timeout}s: {last}")
+
+
+@pytest.fixture
+def prometheus(gateway, tmp_path):
+    if PROMETHEUS is None:
+        pytest.fail("Debian's prometheus is not installed (make install installs it)")
+    port = free_port()
+    target = gateway.url.removeprefix("http://")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: uma-gateway\n"
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
+    log = (tmp_path / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()}")
+            try:
+                if httpx.get(f"{base}/-/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("prometheus did not become ready")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_prometheus_scrapes_gateway_while_requests_run(prometheus, gateway, model_id):
+    client = gateway.client()
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            stream = client.completions.create(
+                model=model_id, prompt="Tell me about the sea.", max_tokens=8, stream=True
+            )
+            for _ in stream:
+                pass
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        wait_for_value(prometheus, 'up{job="uma-gateway"}')
+        wait_for_value(prometheus, "uma_core_up")
+        assert wait_for_value(prometheus, "sum(uma_time_to_first_token_seconds_count)") >= 1
+        wait_for_value(prometheus, "sum(uma_time_to_first_token_seconds_bucket)")
+        assert wait_for_value(prometheus, "sum(uma_generation_tokens_total)") >= 1
+        wait_for_value(prometheus, "sum(uma_prompt_tokens_total)")
+        wait_for_value(prometheus, "sum(rate(uma_generation_tokens_total[15s]))")
+        ttft = "rate(uma_time_to_first_token_seconds_bucket[15s])"
+        wait_for_value(prometheus, f"histogram_quantile(0.95, sum by (le) ({ttft}))")
+        wait_for_value(
+            prometheus, 'sum(uma_http_requests_total{route="/v1/completions",status="200"})'
+        )
+    finally:
+        stop.set()
+        worker.join(60)
+
+
+def test_deploy_queries_only_use_metrics_the_gateway_exports(gateway, sdk, model_id):
+    """Every metric in the dashboard and alerts is a series the running gateway serves."""
+    sdk.completions.create(model=model_id, prompt="Hi", max_tokens=2)
+    text = httpx.get(f"{gateway.url}/metrics").text
+    exported = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
+    exprs += [r["expr"] for group in rules["groups"] for r in group["rules"]]
+    used = {m for e in exprs for m in re.findall(r"\buma_[a-z_]+\b", e)}
+    assert used and used <= exported, sorted(used - exported)
+
+
+def test_promtool_check_rules():
+    assert shutil.which("promtool"), "promtool missing (make install installs prometheus)"
+    out = subprocess.run(
+        ["promtool", "check", "rules", str(DEPLOY / "alerts.yml")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
