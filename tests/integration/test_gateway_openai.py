@@ -172,7 +172,15 @@ def test_gateway_survives_core_restart(fresh_tmp):
         client = gw.client()
         model = client.models.list().data[0].id
         assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices
+        stream = client.completions.create(
+            model=model, prompt="Once upon a time", max_tokens=300, stream=True
+        )
+        chunks = iter(stream)
+        assert next(chunks).choices
         daemon.stop()
+        with pytest.raises(openai.APIError):  # the stream reports the loss, it does not hang
+            for _ in chunks:
+                pass
         with pytest.raises(openai.InternalServerError) as err:
             client.completions.create(model=model, prompt="Hi", max_tokens=2)
         assert err.value.status_code == 503

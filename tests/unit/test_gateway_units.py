@@ -233,3 +233,30 @@ def test_app_without_core(no_core_app):
     m = no_core_app.get("/metrics")
     assert m.status_code == 200 and "uma_core_up 0.0" in m.text
     assert 'uma_http_requests_total{method="GET",route="/v1/models",status="401"}' in m.text
+
+
+def test_cors_preflight_passes_before_auth(tmp_path):
+    settings = Settings(
+        core_socket=str(tmp_path / "none.sock"),
+        api_keys=["k"],
+        cors_origins=["http://app.example"],
+    )
+    with TestClient(create_app(settings)) as client:
+        pre = client.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": "http://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == "http://app.example"
+        other = client.get("/v1/models", headers={"Origin": "http://evil.example"})
+        assert other.status_code == 401
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_no_cors_headers_by_default(no_core_app):
+    r = no_core_app.get("/health", headers={"Origin": "http://app.example"})
+    assert "access-control-allow-origin" not in r.headers
