@@ -11,6 +11,7 @@ import threading
 import httpx
 import openai
 import pytest
+from conftest import start_daemon
 
 from .gateway_fixtures import *  # noqa: F403
 from .gateway_fixtures import API_KEYS, start_gateway, wait_idle
@@ -247,3 +248,31 @@ def test_concurrent_bad_and_good_requests_leak_nothing(gateway, umad, model_id):
     m = wait_idle(umad.socket)
     assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
     assert gateway.proc.poll() is None
+
+
+def test_core_busy_is_429_before_any_token(fresh_tmp):
+    """The core's own bound (E_BUSY_001) reaches the client as a real 429, stream or not."""
+    daemon = start_daemon(fresh_tmp, "--n-seq", "1", "--max-sessions", "1", "--n-ctx", "512")
+    gw = start_gateway(daemon.socket, log_dir=fresh_tmp)
+    try:
+        client = gw.client()
+        model = client.models.list().data[0].id
+        holder = client.completions.create(
+            model=model, prompt="Once upon a time", max_tokens=200, stream=True
+        )
+        assert next(iter(holder)).choices
+        try:
+            with pytest.raises(openai.RateLimitError) as err:
+                client.completions.create(model=model, prompt="hi", max_tokens=2, stream=True)
+            assert err.value.response.headers["retry-after"]
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+        finally:
+            holder.close()
+        assert wait_idle(daemon.socket)["active_sessions"] == 0
+        assert client.completions.create(model=model, prompt="hi", max_tokens=2).choices
+    finally:
+        gw.stop()
+        daemon.stop()
