@@ -260,3 +260,16 @@ def test_cors_preflight_passes_before_auth(tmp_path):
 def test_no_cors_headers_by_default(no_core_app):
     r = no_core_app.get("/health", headers={"Origin": "http://app.example"})
     assert "access-control-allow-origin" not in r.headers
+
+
+def test_cli_api_keys_from_flags_or_env(monkeypatch):
+    from uma_serve.gateway.main import parser, settings_from
+
+    monkeypatch.setenv("UMA_API_KEY", "a, b,")
+    monkeypatch.setenv("UMA_SOCKET", "/run/x.sock")
+    s = settings_from(parser().parse_args([]))
+    assert s.api_keys == ["a", "b"]
+    s = settings_from(parser().parse_args(["--api-key", "c", "--core-socket", "/y.sock"]))
+    assert s.api_keys == ["c"] and s.core_socket == "/y.sock"
+    monkeypatch.delenv("UMA_API_KEY")
+    assert settings_from(parser().parse_args([])).api_keys == []
