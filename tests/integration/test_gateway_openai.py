@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 from conftest import start_daemon
+from prometheus_client.parser import text_string_to_metric_families
 
 from .gateway_fixtures import *  # noqa: F403
 from .gateway_fixtures import core_metrics, start_gateway, wait_idle
@@ -149,6 +150,21 @@ def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id
     m = wait_idle(umad.socket)
     assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
     assert m["requests_total"]["cancelled"] == before + 1
+    # ... and the gateway's Prometheus view says the same.
+    prom = prom_samples(gateway)
+    assert prom[("uma_num_requests_running", ())] == 0
+    cancelled = prom[("uma_request_success_total", (("finished_reason", "cancelled"),))]
+    assert cancelled == before + 1
+    assert prom[("uma_http_inflight_requests", ())] == 0
+
+
+def prom_samples(gateway) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{gateway.url}/metrics").text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_client_disconnect_whole_request_cancels(gateway, umad, model_id):
