@@ -41,3 +41,11 @@ def test_help_documents_every_option(capsys) -> None:
     for name in cfg.OPTIONS:
         assert "--" + name.replace("_", "-") in out
         assert cfg.env_name(name) in out
+
+
+def test_config_doc_lists_every_option() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
+    for name in cfg.OPTIONS:
+        assert f"`--{name.replace('_', '-')}`" in doc and cfg.env_name(name) in doc

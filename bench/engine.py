@@ -1,0 +1,127 @@
+"""engine: daemon over the socket vs a bare in-process llama_decode loop, N streams, one run.
+
+Both decode N sequences with llama.cpp's per-sequence sampler chain (greedy), one batch per
+step. The figure is aggregate decode tokens/s while all N streams decode; the ratio
+daemon/bare is what the daemon's Python orchestration (policy, batch, events, socket) costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from uma_serve.bench.daemon import BenchDaemon
+from uma_serve.clients import AsyncUmaClient
+from uma_serve.core import protocol as p
+
+PROMPT = "Write a long essay about the history of {topic}, with many details:"
+TOPICS = ["bridges", "clocks", "maps", "ships", "paper", "glass", "music", "roads"] * 4
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--n", type=int, default=4, help="concurrent streams (sequences)")
+    ap.add_argument("--tokens", type=int, default=96, help="decode tokens per stream")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating bare/daemon rounds")
+    ap.add_argument("--model", help="GGUF path (default: the embedded model)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
+
+
+def bare_loop(runtime, n: int, tokens: int) -> float:
+    """Prefill n prompts, then decode n streams for ``tokens`` steps; return decode tokens/s."""
+    from uma_serve.core.runtime import SamplingParams, Span
+
+    prompts = [runtime.tokenize(PROMPT.format(topic=TOPICS[i])) for i in range(n)]
+    samplers = [runtime.new_sampler(SamplingParams(temperature=0.0), 0) for _ in range(n)]
+    for seq in range(n):
+        runtime.seq_clear(seq)
+    rc, rows = runtime.decode([Span(i, 0, prompts[i], True) for i in range(n)])
+    assert rc == 0
+    nxt = [runtime.sample(samplers[i], rows[i]) for i in range(n)]
+    pos = [len(x) for x in prompts]
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        rc, rows = runtime.decode([Span(i, pos[i], [nxt[i]], True) for i in range(n)])
+        assert rc == 0
+        for i in range(n):
+            pos[i] += 1
+            nxt[i] = runtime.sample(samplers[i], rows[i])
+            runtime.piece(nxt[i])
+    elapsed = time.perf_counter() - t0
+    for s in samplers:
+        s.free()
+    for seq in range(n):
+        runtime.seq_clear(seq)
+    return n * tokens / elapsed
+
+
+async def daemon_streams(socket: str, n: int, tokens: int) -> float:
+    """N concurrent streams over one connection each; tokens/s while all N decode."""
+    times: list[list[float]] = [[] for _ in range(n)]
+
+    async def one(i: int) -> None:
+        client = await AsyncUmaClient.connect(socket)
+        req = p.Generate(
+            id=f"engine-{i}",
+            prompt=PROMPT.format(topic=TOPICS[i]),
+            max_tokens=tokens + 1,
+            temperature=0.0,
+            ignore_eos=True,
+        )
+        async for ev in client.stream(req):
+            if isinstance(ev, p.TokenEvent):
+                times[i].append(time.perf_counter())
+        await client.close()
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    start = max(t[0] for t in times)  # every stream has its first token: all are decoding
+    end = min(t[-1] for t in times)  # until the first stream ends
+    count = sum(sum(1 for x in t if start < x <= end) for t in times)
+    return count / (end - start)
+
+
+def run(args: argparse.Namespace) -> int:
+    from uma_serve.core.config import default_model_path
+    from uma_serve.core.runtime import Runtime, RuntimeParams
+
+    model = args.model or default_model_path()
+    common = dict(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_seq=args.n)
+    runtime = Runtime(
+        RuntimeParams(model, threads=args.threads, n_gpu_layers=args.n_gpu_layers, **common)
+    )
+    flags = ["--model", model, "--n-seq", str(args.n), "--n-ctx", str(args.n_ctx)]
+    flags += ["--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]
+    bare, daemon = [], []
+    bare_loop(runtime, args.n, 8)  # warm-up
+    with BenchDaemon(*flags) as d:
+        asyncio.run(daemon_streams(d.socket, args.n, 8))  # warm-up
+        for r in range(args.rounds):
+            bare.append(bare_loop(runtime, args.n, args.tokens))
+            daemon.append(asyncio.run(daemon_streams(d.socket, args.n, args.tokens)))
+            print(f"round {r + 1}: bare {bare[-1]:.1f} tok/s, daemon {daemon[-1]:.1f} tok/s")
+    runtime.close()
+    b, dm = statistics.median(bare), statistics.median(daemon)
+    summary = {
+        "scenario": "engine",
+        "n": args.n,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "bare_tokens_per_s": bare,
+        "daemon_tokens_per_s": daemon,
+        "bare_median": b,
+        "daemon_median": dm,
+        "ratio": dm / b,
+        "target_ratio": 0.95,
+    }
+    out = Path(args.out) / time.strftime("engine-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"engine N={args.n}: bare {b:.1f} tok/s, daemon {dm:.1f} tok/s, ratio {dm / b:.3f}")
+    print(f"(target >= 0.95) summary: {out / 'summary.json'}")
+    return 0
