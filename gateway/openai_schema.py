@@ -43,6 +43,8 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream_options: StreamOptions | None = None
     # UMA extension: the scheduling class (also the X-UMA-QoS header).
     qos: QoS | None = None
+    # Extension (as llama-server's): keep generating past EOS, for fixed-length benches.
+    ignore_eos: bool | None = None
 
     @property
     def include_usage(self) -> bool:

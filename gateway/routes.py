@@ -147,6 +147,8 @@ def sampling(req: schema._Sampling) -> dict[str, Any]:
     }
     if req.seed is not None:
         out["seed"] = req.seed % (1 << 32)
+    if req.ignore_eos:
+        out["ignore_eos"] = True
     return out
 
 
