@@ -15,8 +15,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
-from uma_serve import __version__
 from uma_serve.core import protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError
 from uma_serve.core.config import Config
@@ -220,7 +220,7 @@ class CoreServer:
             n_seq=rt.params.n_seq,
             n_vocab=rt.n_vocab,
             chat_template=self.chat is not None,
-            version=__version__,
+            version=version("uma-serve"),
             max_tokens=self.config.max_tokens,
             max_prompt_bytes=self.config.max_prompt_bytes,
         )

@@ -1,0 +1,68 @@
+"""The import directions of DESIGN.md, checked on the source (no import is executed)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+FOLDERS = {"core": "uma_serve.core", "clients": "uma_serve.clients", "gateway": "uma_serve.gateway",
+           "bench": "uma_serve.bench"}  # fmt: skip
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_only_runtime_imports_llama_cpp() -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for folder in (*FOLDERS, "uma_serve")
+        for path in modules(folder)
+        if any(n == "llama_cpp" or n.startswith("llama_cpp.") for n in imports(path))
+    ]
+    assert offenders == ["core/runtime.py"]
+
+
+def test_core_imports_nothing_outside_core() -> None:
+    for path in modules("core"):
+        outside = {n for n in imports(path) if n.startswith("uma_serve.")}
+        outside -= {n for n in outside if n.startswith("uma_serve.core")}
+        assert not outside, f"{path}: {outside}"
+
+
+def test_policy_is_pure() -> None:
+    banned = ("llama_cpp", "asyncio", "socket", "threading", "uma_serve.core.runtime",
+              "uma_serve.core.engine", "uma_serve.core.server")  # fmt: skip
+    for path in modules("core/policy"):
+        bad = {n for n in imports(path) if n.startswith(banned)}
+        assert not bad, f"{path}: {bad}"
+
+
+@pytest.mark.parametrize("folder", ["clients", "gateway"])
+def test_clients_and_gateway_use_only_the_protocol_from_core(folder: str) -> None:
+    for path in modules(folder):
+        core = {n for n in imports(path) if n.startswith("uma_serve.core")}
+        assert core <= {"uma_serve.core", "uma_serve.core.protocol", "uma_serve.core.protocol.p"}, (
+            f"{path}: {core}"
+        )
+
+
+def test_nothing_imports_the_gateway() -> None:
+    for folder in ("core", "clients", "bench", "uma_serve"):
+        for path in modules(folder):
+            assert not {n for n in imports(path) if n.startswith("uma_serve.gateway")}, path
