@@ -148,7 +148,14 @@ class CoreServer:
             except p.ProtocolError as exc:
                 conn.send(p.ErrorEvent(id=exc.request_id, code=exc.code, message=exc.message))
                 continue
-            self._dispatch(conn, request, arrival)
+            try:
+                self._dispatch(conn, request, arrival)
+            except Exception as exc:  # a bug must cost one request, not the connection
+                log.exception("request handling failed")
+                rid = getattr(request, "id", None)
+                if isinstance(request, p.Generate):
+                    conn.inflight.discard(request.id)
+                conn.send(p.ErrorEvent(id=rid, code=p.E_RUNTIME, message=f"internal error: {exc}"))
 
     def _dispatch(self, conn: Connection, request: p.Request, arrival_ns: int) -> None:
         match request:

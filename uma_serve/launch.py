@@ -14,12 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-DEFAULT_SOCKET = os.environ.get(
-    "UMA_SOCKET", os.path.join(tempfile.gettempdir(), f"uma-{os.getuid()}.sock")
-)
+DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")  # umad's and uma-cli's default
 
 
 def core_answers(path: str) -> bool:
