@@ -8,7 +8,16 @@ import sys
 
 # subcommand -> module under uma_serve.bench that defines add_arguments(parser) and run(args)
 SCENARIOS: dict[str, str] = {
+    "solo": "solo",
+    "storm": "storm",
+    "chat-vs-paste": "chat_vs_paste",
+    "agent-chain": "agent_chain",
+    "mixed-load": "mixed_load",
+    "long-ctx": "long_ctx",
+    "sweep": "sweep",
+    "ipc-overhead": "ipc_overhead",
     "engine": "engine",
+    "peers": "peers",
 }
 
 

@@ -1,0 +1,169 @@
+"""ipc-overhead: the same requests over the core's socket (client library) and through the
+gateway (HTTP/SSE), alternating; per path TTFT p50/p95, inter-token p50/p95 and CPU time per
+generated token of the client (this process) and of the gateway process. CSV
+path,ttft_ms,itl_ms,cpu_ms_per_token (one row per request). Targets: the gateway adds < 1 ms
+to TTFT p50 and < 5% to inter-token p50."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+from uma_serve.bench import common
+from uma_serve.bench.daemon import BenchDaemon
+from uma_serve.bench.report import RunDir, print_table
+from uma_serve.bench.servers import ServerUnavailable, gateway
+from uma_serve.bench.stats import Summary, percentile
+from uma_serve.bench.targets import HttpTarget, RequestSpec, SocketTarget
+from uma_serve.bench.workloads import Workload
+
+NAME = "ipc-overhead"
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    common.add_common(ap)
+    ap.add_argument("--requests", type=int, help="requests per path (default 20, quick 4)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per request (default 64, quick 16)")
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = RunDir(NAME, args.out)
+    try:
+        if args.socket:
+            result = _with_socket(args, args.socket, run_dir)
+        else:
+            shape = common.shape_of(args)
+            with BenchDaemon(*shape.umad_flags(), log_dir=run_dir.sub("logs")) as d:
+                result = _with_socket(args, d.socket, run_dir)
+    except ServerUnavailable as e:
+        print(f"bench {NAME}: {e}", file=sys.stderr)
+        return 2
+    summary = {"meta": common.meta(args, NAME), **result}
+    summary["files"] = sorted(set(run_dir.files)) + ["summary.json"]
+    run_dir.write_json("summary.json", summary)
+    print(f"\nresults: {run_dir.path}")
+    return 1 if result["failed"] else 0
+
+
+def _with_socket(args: argparse.Namespace, sock: str, run_dir: RunDir) -> dict:
+    with gateway(sock, run_dir.sub("logs") / "gateway.log") as (url, gw):
+        return asyncio.run(_measure(args, sock, url, gw.pid, run_dir))
+
+
+async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> dict:
+    paths = {"socket": SocketTarget(sock), "gateway": HttpTarget(url, name="gateway")}
+    for t in paths.values():
+        await common.warmup(t)
+    wl = Workload(args.seed)
+    n_req = args.requests or (4 if args.quick else 20)
+    n = args.max_tokens or (16 if args.quick else 64)
+    summaries = {k: Summary() for k in paths}
+    cpu = {k: {"client": 0.0, "gateway": 0.0} for k in paths}
+    rows, failed = [], 0
+    progress = common.bar(2 * n_req, NAME)
+    for i in range(n_req):
+        prompt = wl.chat_prompt(40)
+        order = ("socket", "gateway") if i % 2 == 0 else ("gateway", "socket")
+        for name in order:
+            spec = RequestSpec(prompt, n, seed=args.seed + i, tag=name)
+            c0, g0, t0 = time.process_time(), proc_cpu_s(gw_pid), time.perf_counter()
+            r = await paths[name].generate(spec)
+            dt = time.perf_counter() - t0
+            dc, dg = time.process_time() - c0, proc_cpu_s(gw_pid) - g0
+            progress.update(1)
+            if not r.ok:
+                failed += 1
+                summaries[name].failed += 1
+                continue
+            s = summaries[name]
+            s.add(r.token_ms, r.n_tokens, r.prompt_tokens or 0)
+            s.duration_s += dt
+            cpu[name]["client"] += dc
+            cpu[name]["gateway"] += dg if name == "gateway" else 0.0
+            gaps = [b - a for a, b in zip(r.token_ms, r.token_ms[1:], strict=False)]
+            per_tok = (dc + (dg if name == "gateway" else 0.0)) * 1000 / r.n_tokens
+            rows.append(
+                [name, round(r.token_ms[0], 3), _r(percentile(gaps, 50)), round(per_tok, 4)]
+            )
+    progress.close()
+    for t in paths.values():
+        await t.aclose()
+    run_dir.write_csv("ipc_overhead.csv", ["path", "ttft_ms", "itl_ms", "cpu_ms_per_token"], rows)
+    out: dict = {}
+    for name, s in summaries.items():
+        d = s.to_dict()
+        toks = max(1, s.output_tokens)
+        out[name] = {
+            "requests": s.requests,
+            "failed": s.failed,
+            "output_tokens": s.output_tokens,
+            "ttft_p50_ms": d["ttft_p50_ms"],
+            "ttft_p95_ms": d["ttft_p95_ms"],
+            "itl_p50_ms": d["itl_p50_ms"],
+            "itl_p95_ms": d["itl_p95_ms"],
+            "client_cpu_ms_per_token": round(cpu[name]["client"] * 1000 / toks, 4),
+            "gateway_cpu_ms_per_token": round(cpu[name]["gateway"] * 1000 / toks, 4),
+        }
+    s_, g_ = out["socket"], out["gateway"]
+    out["gateway_adds_ttft_p50_ms"] = _diff(g_["ttft_p50_ms"], s_["ttft_p50_ms"])
+    out["gateway_itl_p50_ratio"] = _ratio(g_["itl_p50_ms"], s_["itl_p50_ms"])
+    out["targets_met"] = {
+        "ttft_p50_under_1ms": _lt(out["gateway_adds_ttft_p50_ms"], 1.0),
+        "itl_p50_under_5pct": _lt(out["gateway_itl_p50_ratio"], 1.05),
+    }
+    out["failed"] = failed
+    _plot(run_dir, rows)
+    keys = [
+        "ttft_p50_ms",
+        "ttft_p95_ms",
+        "itl_p50_ms",
+        "itl_p95_ms",
+        "client_cpu_ms_per_token",
+        "gateway_cpu_ms_per_token",
+    ]
+    print(f"\n== bench {NAME} ==")
+    print_table(["path", *keys], [[k, *(out[k][m] for m in keys)] for k in paths])
+    print(
+        f"gateway adds {out['gateway_adds_ttft_p50_ms']} ms to TTFT p50; "
+        f"ITL p50 ratio {out['gateway_itl_p50_ratio']}; targets {out['targets_met']}"
+    )
+    return out
+
+
+def _plot(run_dir: RunDir, rows: list) -> None:
+    from uma_serve.bench.report import plot_bars
+
+    metrics = {}
+    for col, label in ((1, "TTFT (ms, median)"), (2, "ITL (ms, median)"), (3, "CPU ms/token")):
+        metrics[label] = {
+            p: percentile([r[col] for r in rows if r[0] == p and r[col] is not None], 50)
+            for p in ("socket", "gateway")
+        }
+    plot_bars(run_dir, "ipc_overhead.png", "socket vs gateway", metrics)
+
+
+def _r(x):
+    return None if x is None else round(x, 3)
+
+
+def _diff(a, b):
+    return None if a is None or b is None else round(a - b, 3)
+
+
+def _ratio(a, b):
+    return None if a is None or not b else round(a / b, 4)
+
+
+def _lt(x, lim):
+    return None if x is None else bool(x < lim)

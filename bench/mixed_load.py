@@ -1,0 +1,92 @@
+"""mixed-load: 3 interactive sessions (a few turns each) plus 1 long document summary in the
+background; per-token CSV (session_id,token_idx,ts_ms,is_interactive), ITL p50/p95 per class."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from uma_serve.bench import common
+from uma_serve.bench.report import RunDir, plot_gaps
+from uma_serve.bench.stats import gaps
+from uma_serve.bench.targets import RequestResult, RequestSpec, Target
+from uma_serve.bench.workloads import Workload
+
+NAME = "mixed-load"
+KEY_METRICS = [
+    ("interactive.itl_p50_ms", "lower"),
+    ("interactive.itl_p95_ms", "lower"),
+    ("interactive.worst_pause_max_ms", "lower"),
+    ("background.itl_p95_ms", "lower"),
+    ("background.e2e_max_ms", "lower"),
+]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    common.add_common(ap)
+    ap.add_argument("--sessions", type=int, default=3, help="interactive sessions")
+    ap.add_argument("--turns", type=int, help="turns per session (default 3, quick 2)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per turn (default 48, quick 12)")
+    ap.add_argument("--doc-tokens", type=int, help="document length (default 1500, quick 250)")
+    ap.add_argument("--summary-tokens", type=int, help="summary length (default 128, quick 24)")
+    ap.add_argument("--think-s", type=float, default=0.2, help="pause between turns (s)")
+
+
+async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    wl = Workload(args.seed)
+    turns = args.turns or (2 if args.quick else 3)
+    n = args.max_tokens or (12 if args.quick else 48)
+    doc = RequestSpec(
+        wl.document(args.doc_tokens or (250 if args.quick else 1500)),
+        args.summary_tokens or (24 if args.quick else 128),
+        qos="background",
+        seed=args.seed,
+        tag="doc",
+    )
+    progress = common.bar(args.sessions * turns + 1, "mixed-load")
+
+    async def session(s: int) -> list[RequestResult]:
+        out = []
+        for t in range(turns):
+            spec = RequestSpec(wl.chat_prompt(40), n, seed=args.seed + 10 * s + t, tag=f"s{s}")
+            out.append(await target.generate(spec))
+            progress.update(1)
+            await asyncio.sleep(args.think_s)
+        return out
+
+    async def document() -> RequestResult:
+        r = await target.generate(doc)
+        progress.update(1)
+        return r
+
+    t0 = time.perf_counter()
+    doc_task = asyncio.create_task(document())
+    sessions = await asyncio.gather(*(session(s) for s in range(args.sessions)))
+    doc_res = await doc_task
+    dt = time.perf_counter() - t0
+    progress.close()
+
+    rows, streams = [], []
+    for sid, results in [*((f"s{s}", rs) for s, rs in enumerate(sessions)), ("doc", [doc_res])]:
+        for r in results:
+            base = (r.t_send - t0) * 1000.0
+            ts = [round(base + x, 3) for x in r.token_ms]
+            rows += [[sid, k, t, int(sid != "doc")] for k, t in enumerate(ts)]
+            streams.append((sid, ts[1:], gaps(r.token_ms)))
+    run.write_csv("tokens.csv", ["session_id", "token_idx", "ts_ms", "is_interactive"], rows)
+    plot_gaps(run, "gaps.png", f"mixed-load on {target.name}: inter-token gaps", streams)
+    inter = [r for rs in sessions for r in rs]
+    i = common.summarize(inter, dt).to_dict()
+    b = common.summarize([doc_res], dt).to_dict()
+    return {
+        "interactive": i,
+        "background": b,
+        "failed": i["failed"] + b["failed"],
+        "errors": common.errors([*inter, doc_res]),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    return common.run_scenario(args, sys.modules[__name__])

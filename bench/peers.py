@@ -1,0 +1,155 @@
+"""peers: run scenarios against UMA Serve, llama.cpp's llama-server and llama-cpp-python's
+batched server (examples/server/server.py), one after the other on the same GGUF, threads,
+context, batch and parallel sequences; a side-by-side table with ratios, and bar charts.
+Peers are built once and cached (python -m uma_serve.bench.peers_build); a peer that is not
+available is reported, and the others still run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+import time
+
+from uma_serve.bench import common, peers_build
+from uma_serve.bench.report import RunDir, plot_bars, plot_frontier, print_table
+from uma_serve.bench.servers import ServerUnavailable, command_lines
+
+NAME = "peers"
+PEER_SCENARIOS = {
+    "solo": "solo",
+    "sweep": "sweep",
+    "storm": "storm",
+    "agent-chain": "agent_chain",
+    "chat-vs-paste": "chat_vs_paste",
+    "mixed-load": "mixed_load",
+    "long-ctx": "long_ctx",
+}
+DEFAULT = "solo,sweep,storm,agent-chain"
+SERVERS = ("uma", "llama-server", "batched")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    common.add_common(ap)
+    ap.add_argument("--scenarios", default=DEFAULT, help=f"comma list or 'all' (default {DEFAULT})")
+    ap.add_argument("--servers", default=",".join(SERVERS), help="comma list of servers")
+    ap.add_argument("--build", action="store_true", help="build missing peers first")
+    ap.add_argument("--levels", help="sweep levels (passed to sweep)")
+
+
+def scenario_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
+    module = importlib.import_module(f"uma_serve.bench.{PEER_SCENARIOS[name]}")
+    sub = argparse.ArgumentParser()
+    module.add_arguments(sub)
+    argv = ["--quick"] if args.quick else []
+    if name == "sweep" and args.levels:
+        argv += ["--levels", args.levels]
+    sargs = sub.parse_args(argv)
+    for k in ("model", "n_seq", "n_ctx", "n_batch", "n_ubatch", "threads", "umad_arg", "seed"):
+        setattr(sargs, k, getattr(args, k))
+    sargs.url = sargs.socket = None
+    return sargs
+
+
+def get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
+
+
+def run(args: argparse.Namespace) -> int:
+    names = list(PEER_SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
+    servers = args.servers.split(",")
+    run_dir = RunDir(NAME, args.out)
+    if args.build:
+        for fn in (peers_build.ensure_llama_server, peers_build.ensure_batched):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                print(f"[peers] build failed: {e}", file=sys.stderr)
+    results: dict[str, dict[str, dict]] = {n: {} for n in names}
+    unavailable: dict[str, str] = {}
+    failed = 0
+    for server in servers:
+        for name in names:
+            if server in unavailable:
+                break
+            module = importlib.import_module(f"uma_serve.bench.{PEER_SCENARIOS[name]}")
+            sargs = scenario_args(name, args)
+            sub = RunDir(name, str(run_dir.path / name / server))
+            ov = module.shape_overrides(sargs) if hasattr(module, "shape_overrides") else None
+            print(f"[peers] {server}: {name}", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            try:
+                with common.open_target(sargs, sub.sub("logs"), kind=server, overrides=ov) as t:
+                    res = asyncio.run(common._measure(module.measure, t, sargs, sub))
+            except ServerUnavailable as e:
+                unavailable[server] = str(e)
+                print(f"[peers] {server} unavailable: {e}", file=sys.stderr)
+                break
+            res["wall_s"] = round(time.perf_counter() - t0, 1)
+            sub.write_json("summary.json", {"meta": common.meta(sargs, name), **res})
+            results[name][server] = res
+            failed += int(res.get("failed") or 0)
+    ran = [s for s in servers if s not in unavailable]
+    tables = report(run_dir, names, ran, results)
+    shape = common.shape_of(args)
+    summary = {
+        "meta": common.meta(args, NAME),
+        "servers": ran,
+        "unavailable": unavailable,
+        "commands": {s: command_lines(s, shape) for s in servers},
+        "tables": tables,
+        "results": results,
+        "failed": failed,
+    }
+    summary["files"] = sorted(set(run_dir.files)) + ["summary.json"]
+    run_dir.write_json("summary.json", summary)
+    for s, why in unavailable.items():
+        print(f"UNAVAILABLE {s}: {why}")
+    print(f"\nresults: {run_dir.path}")
+    return 1 if failed or not ran else 0
+
+
+def report(run_dir: RunDir, names: list[str], servers: list[str], results: dict) -> dict:
+    base = "uma" if "uma" in servers else (servers[0] if servers else None)
+    peers = [s for s in servers if s != base]
+    header = ["scenario", "metric", *servers, *(f"{base}/{p}" for p in peers)]
+    rows, csv_rows, tables = [], [], {}
+    for name in names:
+        module = importlib.import_module(f"uma_serve.bench.{PEER_SCENARIOS[name]}")
+        bars = {}
+        for key, _better in module.KEY_METRICS:
+            vals = {s: get(results[name].get(s, {}), key) for s in servers}
+            ratios = [_ratio(vals.get(base), vals.get(p)) for p in peers]
+            row = [name, key, *(vals[s] for s in servers), *ratios]
+            rows.append(row)
+            csv_rows.append(row)
+            tables.setdefault(name, {})[key] = {
+                "values": vals,
+                "ratios": dict(zip([f"{base}/{p}" for p in peers], ratios, strict=True)),
+            }
+            bars[key] = vals
+        if servers:
+            plot_bars(run_dir, f"{name}.png", f"peers: {name}", bars)
+        if name == "sweep":
+            from uma_serve.bench.sweep import frontier
+
+            plot_frontier(
+                run_dir,
+                "sweep_frontier.png",
+                {s: frontier(results[name][s]) for s in servers if s in results[name]},
+            )
+    run_dir.write_csv("peers.csv", header, csv_rows)
+    print(f"\n== bench peers (ratios: {base} / peer; lower is better for ms) ==")
+    print_table(header, rows)
+    return tables
+
+
+def _ratio(a, b):
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return round(a / b, 3)

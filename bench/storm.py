@@ -1,0 +1,125 @@
+"""storm: the interactive stream while K clients keep sending long unique documents
+(prefill-only storm: long prompts, short answers). Interactive figures also as ratios to solo;
+background prompt tokens/s and completed requests."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from uma_serve.bench import common, solo
+from uma_serve.bench.report import TOKEN_HEADER, RunDir, plot_gaps, token_rows
+from uma_serve.bench.stats import ratio
+from uma_serve.bench.targets import RequestResult, RequestSpec, Target
+from uma_serve.bench.workloads import Workload
+
+NAME = "storm"
+RATIO_KEYS = (
+    "ttft_p50_ms",
+    "ttf5_p50_ms",
+    "itl_p50_ms",
+    "itl_p95_ms",
+    "itl_max_ms",
+    "worst_pause_max_ms",
+)
+KEY_METRICS = [
+    ("interactive.ttft_p50_ms", "lower"),
+    ("interactive.ttf5_p50_ms", "lower"),
+    ("interactive.itl_p95_ms", "lower"),
+    ("interactive.worst_pause_max_ms", "lower"),
+    ("ratio_to_solo.itl_p95_ms", "lower"),
+    ("ratio_to_solo.worst_pause_max_ms", "lower"),
+    ("background.prompt_tok_per_s", "higher"),
+    ("background.completed", "higher"),
+]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    solo.add_arguments(ap)
+    ap.add_argument("--clients", type=int, help="storm clients K (default 3, quick 2)")
+    ap.add_argument("--doc-tokens", type=int, help="document length (default 1500, quick 250)")
+    ap.add_argument("--answer-tokens", type=int, default=8, help="background answer length")
+    ap.add_argument("--lead-s", type=float, default=1.0, help="storm head start (s)")
+    ap.add_argument("--bg-qos", default="background", choices=("background", "interactive"))
+
+
+async def background_loop(
+    target: Target, wl: Workload, args: argparse.Namespace, k: int, out: list[RequestResult]
+) -> None:
+    doc_tokens = args.doc_tokens or (250 if args.quick else 1500)
+    i = 0
+    while True:
+        spec = RequestSpec(
+            wl.document(doc_tokens),
+            args.answer_tokens,
+            qos=args.bg_qos,
+            seed=args.seed + 1000 * (k + 1) + i,
+            tag=f"background-{k}",
+        )
+        out.append(await target.generate(spec))
+        i += 1
+
+
+async def under_load(target, args, wl, loops) -> tuple[list[RequestResult], list, float, float]:
+    """Start the background loops, wait lead_s, run the interactive requests, stop the loops.
+    Returns (interactive results, background results, load duration s, t_load_start)."""
+    bg: list[RequestResult] = []
+    t_start = time.perf_counter()
+    tasks = [asyncio.create_task(loop(target, wl, args, k, bg)) for k, loop in enumerate(loops)]
+    await asyncio.sleep(args.lead_s)
+    results, _ = await solo.run_solo(target, args, wl, tag="interactive")
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return results, bg, time.perf_counter() - t_start, t_start
+
+
+async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    wl = Workload(args.seed)
+    base, base_dt = await solo.run_solo(target, args, wl)
+    k = args.clients or (2 if args.quick else 3)
+    inter, bg, dt, t_start = await under_load(target, args, wl, [background_loop] * k)
+    return report(target, run, base, base_dt, inter, bg, dt, t_start, "storm")
+
+
+def report(target, run, base, base_dt, inter, bg, dt, t_start, title) -> dict:
+    rows = token_rows(target.name, base, base[0].t_send)
+    rows += token_rows(target.name, inter + bg, t_start)
+    run.write_csv("tokens.csv", TOKEN_HEADER, rows)
+    streams = []
+    for r in inter + bg:
+        t0 = (r.t_send - t_start) * 1000.0
+        if len(r.token_ms) > 1:
+            streams.append(
+                (
+                    f"{r.spec.tag}",
+                    [t0 + x for x in r.token_ms[1:]],
+                    [b - a for a, b in zip(r.token_ms, r.token_ms[1:], strict=False)],
+                )
+            )
+    plot_gaps(run, "gaps.png", f"{title} on {target.name}: inter-token gaps per stream", streams)
+    b = common.summarize(base, base_dt).to_dict()
+    i = common.summarize(inter, dt).to_dict()
+    done = [r for r in bg if r.ok]
+    bgs = common.summarize(done, dt).to_dict()
+    return {
+        "solo": b,
+        "interactive": i,
+        "ratio_to_solo": {key: ratio(i[key], b[key]) for key in RATIO_KEYS},
+        "background": {
+            "completed": len(done),
+            "failed": len(bg) - len(done),
+            "prompt_tokens": bgs["prompt_tokens"],
+            "prompt_tok_per_s": bgs["prompt_tok_per_s"],
+            "output_tokens": bgs["output_tokens"],
+            "ttft_p50_ms": bgs["ttft_p50_ms"],
+        },
+        "failed": b["failed"] + i["failed"] + len(bg) - len(done),
+        "errors": common.errors(base + inter + bg),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    return common.run_scenario(args, sys.modules[__name__])

@@ -1,0 +1,207 @@
+"""What a bench drives: UMA's core over its socket, or any OpenAI-compatible HTTP server.
+
+Every request yields a RequestResult with the arrival time of each content chunk relative to
+the send time (ms), so all metrics come from the same client-side clock whatever the server.
+Token counts come from the server's `usage` when it reports one (UMA's core, and HTTP servers
+that honour `stream_options.include_usage`), else from the number of content chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from uma_serve.clients.client import AsyncUmaClient, new_id
+from uma_serve.core import protocol as p
+
+OnToken = Callable[[float], None]  # called with the absolute perf_counter time of a chunk
+
+
+@dataclass
+class RequestSpec:
+    prompt: str
+    max_tokens: int
+    qos: str = "interactive"
+    seed: int = 0
+    temperature: float = 0.8
+    ignore_eos: bool = True
+    tag: str = ""  # the scenario's label for this request (class, session, step ...)
+
+
+@dataclass
+class RequestResult:
+    spec: RequestSpec
+    t_send: float  # perf_counter seconds
+    token_ms: list[float] = field(default_factory=list)  # content chunk arrivals, ms after send
+    texts: list[str] = field(default_factory=list)
+    completion_tokens: int | None = None  # from usage
+    prompt_tokens: int | None = None  # from usage
+    error: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return self.completion_tokens if self.completion_tokens else len(self.token_ms)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.n_tokens > 0
+
+
+class Target:
+    """A server to drive. `name` labels rows and tables."""
+
+    name: str = "target"
+    kind: str = "http"
+
+    async def generate(self, spec: RequestSpec, on_token: OnToken | None = None) -> RequestResult:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SocketTarget(Target):
+    """UMA's core over its Unix socket (the client library), one shared connection."""
+
+    kind = "socket"
+
+    def __init__(self, socket_path: str, name: str = "uma-socket") -> None:
+        self.socket_path = socket_path
+        self.name = name
+        self._client: AsyncUmaClient | None = None
+
+    async def _get(self) -> AsyncUmaClient:
+        if self._client is None:
+            self._client = await AsyncUmaClient.connect(self.socket_path)
+        return self._client
+
+    async def generate(self, spec: RequestSpec, on_token: OnToken | None = None) -> RequestResult:
+        client = await self._get()
+        req = p.Generate(
+            id=new_id(),
+            prompt=spec.prompt,
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            seed=spec.seed % (1 << 32),
+            ignore_eos=spec.ignore_eos,
+            qos=spec.qos,  # type: ignore[arg-type]
+            stream=True,
+        )
+        t0 = time.perf_counter()
+        res = RequestResult(spec=spec, t_send=t0)
+        try:
+            async with contextlib.aclosing(client.stream(req)) as events:
+                async for ev in events:
+                    now = time.perf_counter()
+                    if isinstance(ev, p.TokenEvent):
+                        if ev.text:
+                            res.token_ms.append((now - t0) * 1000.0)
+                            res.texts.append(ev.text)
+                            if on_token:
+                                on_token(now)
+                    elif isinstance(ev, p.EosEvent):
+                        res.completion_tokens = ev.usage.completion_tokens
+                        res.prompt_tokens = ev.usage.prompt_tokens
+                        res.finish_reason = ev.reason
+                        if ev.reason == "error":
+                            res.error = ev.detail or "error"
+                    elif isinstance(ev, p.ErrorEvent):
+                        res.error = f"{ev.code}: {ev.message}"
+        except Exception as e:  # noqa: BLE001 (a failed request is a result, not a crash)
+            res.error = f"{type(e).__name__}: {e}"
+        return res
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+class HttpTarget(Target):
+    """Any OpenAI-compatible server: streaming POST /v1/completions, SSE parsed by hand."""
+
+    def __init__(
+        self,
+        base_url: str,
+        name: str = "http",
+        *,
+        send_ignore_eos: bool = True,
+        send_qos: bool = False,
+        send_usage: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.name = name
+        self.send_ignore_eos = send_ignore_eos
+        self.send_qos = send_qos
+        self.send_usage = send_usage
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(None, connect=30.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    def body(self, spec: RequestSpec) -> dict:
+        body: dict = {
+            "prompt": spec.prompt,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "seed": spec.seed,
+            "stream": True,
+        }
+        if self.send_usage:
+            body["stream_options"] = {"include_usage": True}
+        if self.send_ignore_eos and spec.ignore_eos:
+            body["ignore_eos"] = True
+        if self.send_qos:
+            body["qos"] = spec.qos
+        return body
+
+    async def generate(self, spec: RequestSpec, on_token: OnToken | None = None) -> RequestResult:
+        body = self.body(spec)
+        t0 = time.perf_counter()
+        res = RequestResult(spec=spec, t_send=t0)
+        try:
+            async with self._http.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    res.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+                    return res
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    now = time.perf_counter()
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        res.error = str(chunk["error"])[:300]
+                        continue
+                    for choice in chunk.get("choices") or []:
+                        text = choice.get("text") or ""
+                        if text:
+                            res.token_ms.append((now - t0) * 1000.0)
+                            res.texts.append(text)
+                            if on_token:
+                                on_token(now)
+                        if choice.get("finish_reason"):
+                            res.finish_reason = choice["finish_reason"]
+                    usage = chunk.get("usage")
+                    if usage:
+                        res.completion_tokens = usage.get("completion_tokens")
+                        res.prompt_tokens = usage.get("prompt_tokens")
+        except Exception as e:  # noqa: BLE001
+            res.error = f"{type(e).__name__}: {e}"
+        return res
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
