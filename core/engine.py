@@ -26,7 +26,10 @@ from uma_serve.core.policy import (
     Phase,
     Plan,
     SchedulerState,
+    plan_shape,
 )
+from uma_serve.core.policy.tickmodel import OnlineTickModel
+from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.runtime import Runtime, SamplingParams, Span
 from uma_serve.core.sequence import RequestKey, Sequence
 
@@ -58,6 +61,8 @@ class Engine:
         sink: Sink,
         metrics: EngineMetrics | None = None,
         seed: int | None = None,
+        tuner: SweetSpotTuner | None = None,
+        reserved_interactive: int = 0,
     ) -> None:
         self.runtime = runtime
         self.policy = policy
@@ -73,6 +78,10 @@ class Engine:
         self._waiting: deque[Sequence] = deque()
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._stats = EngineStats()
+        self._tick_model = OnlineTickModel()
+        self._tuner = tuner
+        self._reserved = reserved_interactive  # sequences only interactive requests may take
+        self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
@@ -153,12 +162,24 @@ class Engine:
         for seq in [s for s in self._running.values() if match(s)]:
             self._finish(seq, "cancelled", now, detail)
 
+    def _next_admission(self) -> Sequence | None:
+        """Interactive requests first (FIFO); background ones only beyond the reserved seqs."""
+        first_bg = None
+        for seq in self._waiting:
+            if seq.request.qos == "interactive":
+                return seq
+            first_bg = first_bg or seq
+        return first_bg if len(self._free_seq_ids) > self._reserved else None
+
     def _admit(self) -> None:
         now = time.monotonic_ns()
         while self._waiting and self._free_seq_ids:
-            seq = self._waiting.popleft()
+            seq = self._next_admission()
+            if seq is None:
+                break
+            self._waiting.remove(seq)
             seq.seq_id = self._free_seq_ids.pop()
-            seq.admitted_ns = now
+            seq.admitted_ns = seq.last_progress_ns = now
             req = seq.request
             seq.sampler = self.runtime.new_sampler(
                 SamplingParams(
@@ -186,7 +207,8 @@ class Engine:
     def step(self) -> None:
         """One tick: plan, decode, sample."""
         constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
-        plan = self.policy.schedule_tick(self.snapshot(), constraints)
+        state = self.snapshot()
+        plan = self.policy.schedule_tick(state, constraints)
         if plan.empty:
             return
         spans = [
@@ -198,11 +220,17 @@ class Engine:
         if rc != 0:
             self._decode_failed(rc, plan, spans)
             return
-        self._record_tick(ms, plan)
+        self._record_tick(ms, plan, state)
         now = time.monotonic_ns()
+        served = {item.seq_id for item in plan.items}
+        for seq in self._running.values():
+            if seq.seq_id not in served:
+                seq.burst = 0
         for item, span, row in zip(plan.items, spans, rows, strict=True):
             seq = self._running[item.seq_id]
             seq.n_past += len(span.tokens)
+            seq.last_progress_ns = now
+            seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE:
                 seq.next_token = None
             elif not seq.pending_prefill:
@@ -219,8 +247,8 @@ class Engine:
         tokens = seq.prompt[seq.n_past : seq.n_past + n]
         return Span(seq_id, seq.n_past, tokens, logits and seq.n_past + n == len(seq.prompt))
 
-    def _record_tick(self, ms: float, plan: Plan) -> None:
-        n_decode = sum(1 for i in plan.items if i.phase is Phase.DECODE)
+    def _record_tick(self, ms: float, plan: Plan, state: SchedulerState) -> None:
+        n_decode = plan.n_decode
         n_prefill = plan.n_tokens - n_decode
         st = self._stats
         base, per_tok = st.base_tick_ms_ewma, st.prefill_ms_per_token_ewma
@@ -228,18 +256,54 @@ class Engine:
             base = _ewma(base, ms)
         elif n_prefill >= 8:
             per_tok = _ewma(per_tok, max(ms - (base if n_decode else 0.0), 0.0) / n_prefill)
+        views = {v.seq_id: v for v in state.sessions}
+        self._tick_model.update(plan_shape(plan.items, views), ms)
+        hold, ramp = self._next_guard_state(ms, plan, views)
+        if self._tuner is not None:
+            self._tuner.observe(plan.n_tokens, ms, contended=bool(plan.parked))
         self._stats = EngineStats(
             decode_ms_ewma=_ewma(st.decode_ms_ewma, ms),
             base_tick_ms_ewma=base,
             prefill_ms_per_token_ewma=per_tok,
             last_tick_tokens=plan.n_tokens,
             last_decode_failed=False,
+            cost=self._tick_model.cost,
+            tick=st.tick + 1,
+            guard_hold=hold,
+            guard_ramp=ramp,
+            bg_decoders_cap=self._tuner.s if self._tuner else st.bg_decoders_cap,
+            bg_burst=self._tuner.k if self._tuner else st.bg_burst,
         )
-        self.metrics.record_tick(ms, n_decode, n_prefill)
+        m = self.metrics
+        m.record_tick(ms, n_decode, n_prefill)
+        m.tick_ms_predicted_last = plan.predicted_ms or 0.0
+        m.tick_budget_ms_last = plan.budget_ms or 0.0
+        m.prefill_guard_active = int(plan.guard_active or hold > 0)
+        m.parked_sessions = len(plan.parked)
+        m.bmt_estimate_last = plan.bmt_estimate or 0.0
+        m.bg_decoders_cap = self._stats.bg_decoders_cap if self._tuner else 0
+        m.bg_burst = self._stats.bg_burst
         if self._max_prefill is not None:  # recover gradually after a failed decode
             self._max_prefill *= 2
             if self._max_prefill >= self.constraints.n_batch:
                 self._max_prefill = None
+
+    def _next_guard_state(self, ms: float, plan: Plan, views: dict) -> tuple[int, int | None]:
+        """Hysteresis: an overrun tick that carried background work holds background prefill
+        for hold_ticks, then re-enables it with a cap that doubles each tick."""
+        st, c = self._stats, self.constraints
+        background_work = any(
+            i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
+        )
+        if plan.budget_ms is not None and ms > plan.budget_ms and background_work:
+            self.metrics.ticks_over_budget_total += 1
+            return c.hold_ticks, None
+        if st.guard_hold > 0:
+            return st.guard_hold - 1, (1 if st.guard_hold == 1 else None)
+        if st.guard_ramp is not None:
+            ramp = st.guard_ramp * 2
+            return 0, ramp if ramp < c.n_batch else None
+        return 0, None
 
     def _decode_failed(self, rc: int, plan: Plan, spans: list[Span]) -> None:
         self.metrics.decode_failures_total += 1
@@ -277,9 +341,9 @@ class Engine:
         self.metrics.tokens_generated_total += 1
         if seq.first_token_ns is None:
             seq.first_token_ns = now
-            self.metrics.ttft_ms.observe((now - seq.arrival_ns) * 1e-6)
+            self.metrics.observe_ttft(req.qos, (now - seq.arrival_ns) * 1e-6)
         else:
-            self.metrics.inter_token_ms.observe((now - (seq.last_token_ns or now)) * 1e-6)
+            self.metrics.observe_itl(req.qos, (now - (seq.last_token_ns or now)) * 1e-6)
         seq.last_token_ns = now
         text = seq.text.push(self.runtime.piece(token))
         if seq.text.stopped:

@@ -18,6 +18,7 @@ LATENCY_BUCKETS_MS = (
 )  # fmt: skip
 
 END_REASONS = ("stop", "length", "cancelled", "error")
+QOS_CLASSES = ("interactive", "background")
 
 
 class Histogram:
@@ -31,6 +32,14 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1
+
+    def observe_ttft(self, qos: str, ms: float) -> None:
+        self.ttft_ms.observe(ms)
+        self.ttft_ms_by_qos[qos].observe(ms)
+
+    def observe_itl(self, qos: str, ms: float) -> None:
+        self.inter_token_ms.observe(ms)
+        self.inter_token_ms_by_qos[qos].observe(ms)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -60,8 +69,18 @@ class EngineMetrics:
         self.batch_calls_total = 0
         self.decode_failures_total = 0
         self.requests_total = dict.fromkeys(END_REASONS, 0)
+        self.prefill_guard_active = 0
+        self.ticks_over_budget_total = 0
+        self.tick_ms_predicted_last = 0.0
+        self.tick_budget_ms_last = 0.0
+        self.bmt_estimate_last = 0.0
+        self.bmt_budget = 0.0
+        self.bg_decoders_cap = 0
+        self.bg_burst = 1
         self.ttft_ms = Histogram()
         self.inter_token_ms = Histogram()
+        self.ttft_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
+        self.inter_token_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
         self.e2e_ms = Histogram()
         self.queue_ms = Histogram()
 
@@ -76,6 +95,14 @@ class EngineMetrics:
         self.served_decoders = n_decode
         self.prompt_tokens_total += n_prefill
         self.batch_calls_total += 1
+
+    def observe_ttft(self, qos: str, ms: float) -> None:
+        self.ttft_ms.observe(ms)
+        self.ttft_ms_by_qos[qos].observe(ms)
+
+    def observe_itl(self, qos: str, ms: float) -> None:
+        self.inter_token_ms.observe(ms)
+        self.inter_token_ms_by_qos[qos].observe(ms)
 
     def snapshot(self) -> dict[str, Any]:
         total = self.kv_cells_total
@@ -100,10 +127,21 @@ class EngineMetrics:
             "batch_calls_total": self.batch_calls_total,
             "decode_failures_total": self.decode_failures_total,
             "requests_total": dict(self.requests_total),
+            "prefill_guard_active": self.prefill_guard_active,
+            "ticks_over_budget_total": self.ticks_over_budget_total,
+            "tick_ms_predicted_last": self.tick_ms_predicted_last,
+            "tick_budget_ms_last": self.tick_budget_ms_last,
+            "bmt_estimate_last": self.bmt_estimate_last,
+            "bmt_budget": self.bmt_budget,
+            "tuner": {"bg_decoders_cap": self.bg_decoders_cap, "bg_burst": self.bg_burst},
             "histograms": {
                 "ttft_ms": self.ttft_ms.snapshot(),
                 "inter_token_ms": self.inter_token_ms.snapshot(),
                 "e2e_ms": self.e2e_ms.snapshot(),
                 "queue_ms": self.queue_ms.snapshot(),
+            },
+            "histograms_by_qos": {
+                "ttft_ms": {q: h.snapshot() for q, h in self.ttft_ms_by_qos.items()},
+                "inter_token_ms": {q: h.snapshot() for q, h in self.inter_token_ms_by_qos.items()},
             },
         }

@@ -15,6 +15,8 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.policy.state import ModelFacts
+
 log = logging.getLogger("uma.runtime")
 
 # ggml log levels (1 debug, 2 info, 3 warn, 4 error, 5 continuation); llama's info is chatty.
@@ -182,6 +184,27 @@ class Runtime:
         buf = ctypes.create_string_buffer(4096)
         n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _meta_int(self, key: str) -> int:
+        value = self._meta(f"{self.architecture}.{key}")
+        try:
+            return int(value) if value else 0
+        except ValueError:
+            return 0
+
+    def model_facts(self) -> ModelFacts:
+        """Sizes the ΣBMT estimate needs: weight bytes, KV bytes per cell (f16 K+V, all
+        layers), experts."""
+        n_layer = self._meta_int("block_count")
+        n_head_kv = self._meta_int("attention.head_count_kv") or 1
+        k_len = self._meta_int("attention.key_length")
+        v_len = self._meta_int("attention.value_length") or k_len
+        return ModelFacts(
+            weights_bytes=ll.llama_model_size(self.model),
+            kv_bytes_per_cell=n_layer * n_head_kv * (k_len + v_len) * 2,
+            n_expert=self._meta_int("expert_count"),
+            n_expert_used=self._meta_int("expert_used_count"),
+        )
 
     def _chat_template(self) -> str | None:
         raw = ll.llama_model_chat_template(self.model, None)

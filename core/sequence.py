@@ -27,6 +27,8 @@ class Sequence:
     prefill_done_ns: int | None = None
     first_token_ns: int | None = None
     last_token_ns: int | None = None
+    last_progress_ns: int = 0
+    burst: int = 0  # consecutive ticks decoded
     text: TextStream = field(init=False)
     parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
 
@@ -57,6 +59,8 @@ class Sequence:
             arrival_ns=self.arrival_ns,
             first_token_ns=self.first_token_ns,
             last_token_ns=self.last_token_ns,
+            last_progress_ns=self.last_progress_ns,
+            burst=self.burst,
         )
 
     def token_event(self, text: str, token_id: int) -> p.TokenEvent | None:

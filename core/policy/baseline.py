@@ -5,6 +5,8 @@ The prefill budget adapts to the tick time budget through the engine's measured 
 
 from __future__ import annotations
 
+import math
+
 from uma_serve.core.policy.state import (
     BatchItem,
     Constraints,
@@ -24,7 +26,7 @@ def prefill_budget(state: SchedulerState, c: Constraints, n_decode: int) -> int:
     """
     stats = state.stats
     room = c.n_batch - n_decode
-    if n_decode and stats.prefill_ms_per_token_ewma > 0:
+    if n_decode and stats.prefill_ms_per_token_ewma > 0 and math.isfinite(c.tick_budget_ms):
         fits = int((c.tick_budget_ms - stats.base_tick_ms_ewma) / stats.prefill_ms_per_token_ewma)
         room = min(room, max(fits, c.min_prefill_tokens))
     if c.max_prefill_tokens is not None:

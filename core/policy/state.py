@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from uma_serve.core.policy.tickmodel import TickCost, TickShape
+
 
 class Phase(Enum):
     PREFILL = "prefill"
@@ -29,6 +31,8 @@ class SessionView:
     arrival_ns: int
     first_token_ns: int | None = None
     last_token_ns: int | None = None
+    last_progress_ns: int = 0  # last tick that advanced it (prefill chunk or token)
+    burst: int = 0  # consecutive ticks it was served (0: parked last tick)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,12 @@ class EngineStats:
     prefill_ms_per_token_ewma: float = 0.0  # extra ms a prefill token adds to a tick, smoothed
     last_tick_tokens: int = 0
     last_decode_failed: bool = False  # the previous llama_decode found no KV slot
+    cost: TickCost = TickCost()  # the fitted tick-time model
+    tick: int = 0  # ticks run so far
+    guard_hold: int = 0  # ticks left during which the LatencyGuard holds background prefill
+    guard_ramp: int | None = None  # prefill cap while re-enabling after a hold (doubles)
+    bg_decoders_cap: int = 1 << 30  # S: background decoders served per tick (the tuner's)
+    bg_burst: int = 1  # k: ticks a served background decoder keeps its turn (the tuner's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +58,34 @@ class SchedulerState:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What the bandwidth (ΣBMT) estimate and MoE shaping need to know about the model."""
+
+    weights_bytes: int = 0
+    kv_bytes_per_cell: int = 0  # K+V bytes one token adds to the cache, all layers
+    n_expert: int = 0  # 0: dense
+    n_expert_used: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Constraints:
     n_batch: int  # the context's logical batch: tokens per llama_decode at most
-    tick_budget_ms: float  # wall time one tick should stay within
+    tick_budget_ms: float  # baseline: wall time one tick should stay within
     min_prefill_tokens: int = 16  # prefill chunk granted even when the budget is spent
     prefill_burst: int = 256  # tokens one session may prefill per round of the rotation
     max_prefill_tokens: int | None = None  # cap after a failed decode (no KV slot)
+    # LatencyGuard
+    slo_tbt_ms: float | None = None  # None: (1 + headroom) x predicted interactive decode tick
+    slo_ttft_ms: float | None = None  # None: interactive prefill ticks up to bg_tick_ms
+    headroom: float = 0.15
+    bg_tick_ms: float = 120.0  # bound on ticks when no interactive stream decodes
+    hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
+    starve_ms: float = 500.0  # any session waits at most this long between progress
+    # QoS
+    max_bg_decoders: int = 1 << 30
+    # ΣBMT guard (off when None)
+    bmt_budget_gbs: float | None = None
+    model: ModelFacts = ModelFacts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +102,14 @@ class Plan:
 
     items: tuple[BatchItem, ...] = ()
     parked: tuple[int, ...] = field(default=())
+    budget_ms: float | None = None  # the time budget a guard planned this tick for
+    predicted_ms: float | None = None  # the tick-time model's prediction for this plan
+    guard_active: bool = False  # a guard removed work from this tick
+    bmt_estimate: float | None = None  # bytes this tick is estimated to move
+
+    @property
+    def n_decode(self) -> int:
+        return sum(1 for item in self.items if item.phase is Phase.DECODE)
 
     @property
     def n_tokens(self) -> int:
@@ -82,3 +122,28 @@ class Plan:
 
 class IBatchPolicy(Protocol):
     def schedule_tick(self, state: SchedulerState, constraints: Constraints) -> Plan: ...
+
+
+class PlanTransformer(Protocol):
+    """Rewrites a Plan; composed in sequence after the base policy."""
+
+    def apply(self, plan: Plan, state: SchedulerState, constraints: Constraints) -> Plan: ...
+
+
+def views_by_seq(state: SchedulerState) -> dict[int, SessionView]:
+    return {s.seq_id: s for s in state.sessions}
+
+
+def plan_shape(items: tuple[BatchItem, ...], views: dict[int, SessionView]) -> TickShape:
+    """The features of a batch for the tick-time model (attention cost from each n_past)."""
+    decode = prefill = 0
+    kv = 0.0
+    for item in items:
+        past = views[item.seq_id].n_past
+        if item.phase is Phase.DECODE:
+            decode += 1
+            kv += past + 1
+        else:
+            prefill += item.n_tokens
+            kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)
+    return TickShape(decode, prefill, kv / 1000.0)

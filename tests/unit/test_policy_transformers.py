@@ -1,0 +1,179 @@
+"""QoS lanes, LatencyGuard, ΣBMT guard and the pipeline on hand-built states."""
+
+from __future__ import annotations
+
+from uma_serve.core.policy import BatchItem, Constraints, EngineStats, Phase, Plan, SchedulerState
+from uma_serve.core.policy import SessionView as View
+from uma_serve.core.policy.bmt import BmtGuard, tick_bytes, weight_bytes
+from uma_serve.core.policy.latency_guard import STARVED_CHUNK, LatencyGuard
+from uma_serve.core.policy.pipeline import build_policy
+from uma_serve.core.policy.qos import QosLanes
+from uma_serve.core.policy.state import ModelFacts, plan_shape
+from uma_serve.core.policy.tickmodel import TickCost
+
+NOW = 10_000_000_000
+COST = TickCost(a=15.0, b=3.0, c=3.0, d=0.0, samples=100)  # decode 1: 18 ms; +3 ms per token
+C = Constraints(n_batch=512, tick_budget_ms=float("inf"), headroom=0.2, bg_tick_ms=120.0)
+
+
+def view(seq, phase, qos="interactive", pending=0, n_past=50, progress=NOW, burst=0):
+    return View(seq, phase, qos, 50, n_past, pending, 0, 0, None, None, progress, burst)
+
+
+def state(*views, **stats) -> SchedulerState:
+    return SchedulerState(tuple(views), EngineStats(cost=COST, **stats), NOW)
+
+
+def dec(seq: int) -> BatchItem:
+    return BatchItem(seq, Phase.DECODE, 1, True)
+
+
+def pre(seq: int, n: int, logits: bool = False) -> BatchItem:
+    return BatchItem(seq, Phase.PREFILL, n, logits)
+
+
+# ---- QoS ----
+
+
+def test_qos_serves_all_interactive_and_caps_background_fairly() -> None:
+    st = state(
+        view(0, Phase.DECODE),
+        view(1, Phase.DECODE, "background", progress=NOW - 5),
+        view(2, Phase.DECODE, "background", progress=NOW - 9),  # waited longest
+        view(3, Phase.DECODE, "background", progress=NOW - 1),
+        bg_decoders_cap=1,
+    )
+    plan = QosLanes().apply(Plan((dec(1), dec(2), dec(3), dec(0))), st, C)
+    assert [i.seq_id for i in plan.items] == [0, 2]
+    assert set(plan.parked) == {1, 3}
+
+
+def test_qos_burst_keeps_a_turn_for_k_ticks() -> None:
+    st = state(
+        view(1, Phase.DECODE, "background", progress=NOW, burst=1),  # mid-turn
+        view(2, Phase.DECODE, "background", progress=NOW - 9),
+        bg_decoders_cap=1,
+        bg_burst=3,
+    )
+    plan = QosLanes().apply(Plan((dec(1), dec(2))), st, C)
+    assert [i.seq_id for i in plan.items] == [1]
+
+
+def test_qos_puts_interactive_prefill_first() -> None:
+    st = state(view(1, Phase.PREFILL, "background", 300), view(2, Phase.PREFILL, pending=500))
+    plan = QosLanes().apply(Plan((pre(1, 300), pre(2, 200))), st, C)
+    assert [i.seq_id for i in plan.items] == [2, 1]
+
+
+# ---- LatencyGuard ----
+
+
+def test_guard_admits_only_prefill_that_fits_while_interactive_decodes() -> None:
+    # solo tick 18 ms, budget 21.6 ms: one 3 ms prefill token fits
+    st = state(view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
+    plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, C)
+    assert [(i.seq_id, i.n_tokens) for i in plan.items] == [(0, 1), (1, 1)]
+    assert plan.guard_active and abs(plan.budget_ms - 21.6) < 1e-9
+    assert plan.predicted_ms <= plan.budget_ms
+
+
+def test_guard_parks_background_decoders_that_do_not_fit() -> None:
+    st = state(view(0, Phase.DECODE), view(1, Phase.DECODE, "background"))
+    c = Constraints(n_batch=512, tick_budget_ms=float("inf"), headroom=0.1)  # 19.8 ms < 21
+    plan = LatencyGuard().apply(Plan((dec(0), dec(1))), st, c)
+    assert [i.seq_id for i in plan.items] == [0] and plan.parked == (1,)
+
+
+def test_guard_explicit_slo() -> None:
+    c = Constraints(n_batch=512, tick_budget_ms=float("inf"), slo_tbt_ms=30.0)
+    st = state(view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
+    plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, c)
+    assert plan.items[1].n_tokens == 4  # (30 - 18) / 3
+
+
+def test_guard_bounds_ticks_without_interactive_decoders() -> None:
+    st = state(view(1, Phase.PREFILL, "background", 1000))
+    plan = LatencyGuard().apply(Plan((pre(1, 512),)), st, C)
+    assert plan.items[0].n_tokens == 35  # (120 - 15) / 3
+    assert not plan.items[0].logits
+
+
+def test_guard_lets_a_new_interactive_prompt_stretch_the_tick() -> None:
+    st = state(view(0, Phase.DECODE), view(1, Phase.PREFILL, pending=20))
+    plan = LatencyGuard().apply(Plan((dec(0), pre(1, 20, True))), st, C)
+    assert plan.items[1] == pre(1, 20, True)
+
+
+def test_guard_hold_stops_background_prefill_then_ramp_caps_it() -> None:
+    views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
+    loose = Constraints(n_batch=512, tick_budget_ms=float("inf"), slo_tbt_ms=60.0)
+    held = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*views, guard_hold=3), loose)
+    assert [i.seq_id for i in held.items] == [0] and held.guard_active
+    ramp = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*views, guard_ramp=2), loose)
+    assert ramp.items[1].n_tokens == 2
+
+
+def test_guard_never_starves_a_session() -> None:
+    old = NOW - int(600e6)  # 600 ms without progress > starve_ms 500
+    st = state(
+        view(0, Phase.DECODE),
+        view(1, Phase.PREFILL, "background", 1000, progress=old),
+        view(2, Phase.DECODE, "background", progress=old),
+        guard_hold=5,
+    )
+    plan = LatencyGuard().apply(Plan((dec(0), dec(2), pre(1, 500))), st, C)
+    assert (2, 1) in [(i.seq_id, i.n_tokens) for i in plan.items]
+    assert (1, STARVED_CHUNK) in [(i.seq_id, i.n_tokens) for i in plan.items]
+
+
+# ---- ΣBMT ----
+
+FACTS = ModelFacts(weights_bytes=1_000_000, kv_bytes_per_cell=100)
+
+
+def test_bmt_estimate_counts_weights_once_and_kv_per_token() -> None:
+    views = {0: view(0, Phase.DECODE, n_past=99), 1: view(1, Phase.PREFILL, pending=10, n_past=0)}
+    assert tick_bytes((dec(0),), views, FACTS) == 1_000_000 + 100 * 100
+    assert tick_bytes((pre(1, 10),), views, FACTS) == 1_000_000 + 10 * 5.5 * 100
+
+
+def test_moe_weights_grow_with_tokens_up_to_all_experts() -> None:
+    moe = ModelFacts(weights_bytes=1000, kv_bytes_per_cell=0, n_expert=8, n_expert_used=2)
+    assert weight_bytes(moe, 1) < weight_bytes(moe, 2) < weight_bytes(moe, 100) == 1000
+
+
+def test_bmt_guard_trims_background_first_and_is_off_by_default() -> None:
+    st = state(
+        view(0, Phase.DECODE),
+        view(1, Phase.DECODE, "background"),
+        view(2, Phase.PREFILL, "background", 1000, n_past=0),
+    )
+    plan = Plan((dec(0), dec(1), pre(2, 200)), budget_ms=20.0)
+    assert BmtGuard().apply(plan, st, C) is plan
+    c = Constraints(n_batch=512, tick_budget_ms=1.0, bmt_budget_gbs=0.0506, model=FACTS)
+    out = BmtGuard().apply(plan, st, c)  # 1.012 MB allowed in 20 ms: weights + two decoders
+    assert [i.seq_id for i in out.items] == [0, 1] and out.guard_active
+    tight = Constraints(n_batch=512, tick_budget_ms=1.0, bmt_budget_gbs=0.0501, model=FACTS)
+    out = BmtGuard().apply(plan, st, tight)
+    assert [i.seq_id for i in out.items] == [0] and out.parked == (1,)
+
+
+# ---- pipeline ----
+
+
+def test_pipeline_storm_keeps_interactive_tick_near_solo() -> None:
+    st = state(
+        view(0, Phase.DECODE),
+        *(view(i, Phase.PREFILL, "background", 1500, n_past=0) for i in (1, 2, 3)),
+    )
+    plan = build_policy(["qos", "latency", "bmt"]).schedule_tick(st, C)
+    assert plan.items[0] == dec(0)
+    solo = COST.predict(plan_shape((dec(0),), {v.seq_id: v for v in st.sessions}))
+    assert plan.predicted_ms <= solo * 1.2
+
+
+def test_unknown_transformer_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown"):
+        build_policy(["qos", "warp-drive"])
