@@ -11,8 +11,12 @@ from uma_serve.core.policy.state import (
     IBatchPolicy,
     Phase,
     Plan,
+    ModelFacts,
+    PlanTransformer,
     SchedulerState,
     SessionView,
+    plan_shape,
+    views_by_seq,
 )
 
 __all__ = [
@@ -21,8 +25,12 @@ __all__ = [
     "Constraints",
     "EngineStats",
     "IBatchPolicy",
+    "ModelFacts",
+    "PlanTransformer",
     "Phase",
     "Plan",
     "SchedulerState",
     "SessionView",
+    "plan_shape",
+    "views_by_seq",
 ]
