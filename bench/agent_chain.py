@@ -55,6 +55,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     n_dec = args.decoders or (2 if args.quick else 3)
     started = [asyncio.Event() for _ in range(n_dec)]
     bg: list[RequestResult] = []
+    dec_tokens = [0] * n_dec
 
     async def decoder(i: int) -> None:
         spec = RequestSpec(
@@ -64,7 +65,12 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
             seed=args.seed + 500 + i,
             tag=f"decoder-{i}",
         )
-        bg.append(await target.generate(spec, on_token=lambda _t: started[i].set()))
+
+        def on_token(_t: float) -> None:
+            dec_tokens[i] += 1
+            started[i].set()
+
+        bg.append(await target.generate(spec, on_token=on_token))
         started[i].set()  # ended or failed before its first token: do not wait for it
 
     t_start = time.perf_counter()
@@ -101,14 +107,13 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     a["makespan_ms"] = round(alone_s * 1000, 1)
     lo["makespan_ms"] = round(loaded_s * 1000, 1)
     # background decoders were cancelled: count the tokens they streamed meanwhile
-    dec_tokens = sum(len(r.token_ms) for r in bg)
     return {
         "alone": a,
         "loaded": lo,
         "slowdown": ratio(lo["makespan_ms"], a["makespan_ms"]),
         "decoders": {
             "count": n_dec,
-            "output_tok_per_s": round(dec_tokens / decode_window, 2) if bg else None,
+            "output_tok_per_s": round(sum(dec_tokens) / decode_window, 2),
         },
         "failed": a["failed"] + lo["failed"],
         "errors": common.errors(alone + loaded),

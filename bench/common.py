@@ -196,9 +196,12 @@ async def _measure(fn: Callable, target: Target, args: argparse.Namespace, run: 
 def show(name: str, result: dict) -> None:
     """Print the flat numeric part of a summary as a two-column table."""
     rows = []
+    result = {k: v for k, v in result.items() if "_mean_" not in k and "_p99_" not in k}
     for k, v in result.items():
         if isinstance(v, dict):
             for k2, v2 in v.items():
+                if "_mean_" in k2 or "_p99_" in k2:
+                    continue
                 if isinstance(v2, int | float) or v2 is None:
                     rows.append([f"{k}.{k2}", v2])
         elif isinstance(v, int | float) or v is None:

@@ -53,7 +53,31 @@ def batched_python() -> Path:
 
 
 def batched_script() -> Path:
-    return sdist_dir() / "examples" / "server" / "server.py"
+    """The batched server script as run: a copy of examples/server/server.py whose one change
+    makes `from llama_cpp import mtmd_cpp` optional. Our llama-cpp-python wheel (the cached one,
+    built by `make install` with -DLLAVA_BUILD=OFF) has no libmtmd, and the script imports it at
+    load time although only multimodal requests use it."""
+    return cache_dir() / "batched-server.py"
+
+
+MTMD_IMPORT = "from llama_cpp import mtmd_cpp  # noqa: E402"
+
+
+def write_batched_script() -> Path:
+    src = (sdist_dir() / "examples" / "server" / "server.py").read_text()
+    if MTMD_IMPORT not in src:
+        raise RuntimeError("examples/server/server.py changed: mtmd import not found")
+    patched = src.replace(
+        MTMD_IMPORT,
+        "try:  # UMA bench: text-only use; the wheel may lack libmtmd\n"
+        "    from llama_cpp import mtmd_cpp  # noqa: E402\n"
+        "except (ImportError, OSError):\n"
+        "    mtmd_cpp = None\n",
+        1,
+    )
+    out = batched_script()
+    out.write_text(patched)
+    return out
 
 
 def _log(msg: str) -> None:
@@ -126,6 +150,8 @@ def ensure_batched() -> tuple[Path, Path]:
     py = batched_python()
     marker = py.parent.parent / ".uma-ready"
     if marker.exists():
+        if not batched_script().exists():
+            write_batched_script()
         return py, batched_script()
     ensure_sdist()
     _log("creating the batched server's virtualenv")
@@ -134,6 +160,7 @@ def ensure_batched() -> tuple[Path, Path]:
     subprocess.run([*pip, *BATCHED_DEPS], check=True)
     # same version as our core's; pip reuses the wheel it cached when it built ours
     subprocess.run([*pip, f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], check=True)
+    write_batched_script()
     marker.write_text("ok\n")
     return py, batched_script()
 

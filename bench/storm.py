@@ -43,6 +43,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--answer-tokens", type=int, default=8, help="background answer length")
     ap.add_argument("--lead-s", type=float, default=1.0, help="storm head start (s)")
     ap.add_argument("--bg-qos", default="background", choices=("background", "interactive"))
+    ap.set_defaults(requests=3)  # interactive requests alone and under the storm
 
 
 async def background_loop(

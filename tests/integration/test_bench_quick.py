@@ -1,0 +1,98 @@
+"""`bench <scenario> --quick` for every scenario against the real daemon and gateway: each run
+writes its CSV, summary.json and PNG plots, with tokens counted and no failed requests.
+`peers` runs on UMA + llama-server only when the peer build is already cached (never built
+here: it takes minutes)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from uma_serve.bench import peers_build
+
+BENCH = str(Path(sys.executable).parent / "bench")
+
+# scenario -> (CSV it must write, summary keys that must count tokens)
+SCENARIOS = {
+    "solo": ("tokens.csv", ["output_tokens"]),
+    "storm": ("tokens.csv", ["interactive.output_tokens", "solo.output_tokens"]),
+    "chat-vs-paste": ("tokens.csv", ["interactive.output_tokens", "paste.output_tokens"]),
+    "agent-chain": ("chain.csv", ["alone.output_tokens", "loaded.output_tokens"]),
+    "mixed-load": ("tokens.csv", ["interactive.output_tokens", "background.output_tokens"]),
+    "long-ctx": ("long_ctx.csv", ["max_ctx_tps"]),
+    "sweep": ("sweep.csv", ["c1.output_tokens", "c4.output_tokens"]),
+    "ipc-overhead": ("ipc_overhead.csv", ["socket.output_tokens", "gateway.output_tokens"]),
+}
+
+
+def get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
+def run_bench(out: Path, *args: str, timeout: int = 300) -> dict:
+    proc = subprocess.run(
+        [BENCH, *args, "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == 0, summary.get("errors")
+    assert list(out.glob("*.png")), "no plot written"
+    for f in summary["files"]:
+        assert (out / f).exists(), f
+    return summary
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_bench_quick(scenario: str, tmp_path: Path) -> None:
+    csv_name, token_keys = SCENARIOS[scenario]
+    out = tmp_path / scenario
+    summary = run_bench(out, scenario)
+    with open(out / csv_name) as fh:
+        rows = list(csv.reader(fh))
+    assert len(rows) > 1, f"{csv_name} has no data rows"
+    for key in token_keys:
+        value = get(summary, key)
+        assert value is not None and value > 0, (key, value)
+    if scenario == "solo":
+        assert 0 < summary["ttft_p50_ms"] < 10_000
+        assert 0 < summary["itl_p50_ms"] < 2_000
+        assert summary["ttf5_p50_ms"] >= summary["ttft_p50_ms"]
+    if scenario == "storm":
+        assert summary["background"]["completed"] > 0
+        assert summary["ratio_to_solo"]["itl_p50_ms"] > 0
+    if scenario == "mixed-load":
+        assert rows[0] == ["session_id", "token_idx", "ts_ms", "is_interactive"]
+    if scenario == "long-ctx":
+        assert rows[0] == ["ctx", "tps", "itl_p95_ms"]
+    if scenario == "ipc-overhead":
+        assert rows[0] == ["path", "ttft_ms", "itl_ms", "cpu_ms_per_token"]
+        assert {r[0] for r in rows[1:]} == {"socket", "gateway"}
+
+
+def test_bench_peers_quick(tmp_path: Path) -> None:
+    if not peers_build.llama_server_bin().exists():
+        pytest.skip(
+            f"llama-server peer not built/cached at {peers_build.llama_server_bin()} "
+            "(build once: python -m uma_serve.bench.peers_build llama-server)"
+        )
+    out = tmp_path / "peers"
+    summary = run_bench(
+        out, "peers", "--servers", "uma,llama-server", "--scenarios", "solo,sweep", timeout=400
+    )
+    assert summary["servers"] == ["uma", "llama-server"], summary["unavailable"]
+    for server in ("uma", "llama-server"):
+        assert summary["results"]["solo"][server]["output_tokens"] > 0
+        assert summary["results"]["sweep"][server]["c4"]["output_tok_per_s"] > 0
+    assert (out / "peers.csv").exists() and (out / "sweep_frontier.png").exists()
