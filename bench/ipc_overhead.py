@@ -73,10 +73,10 @@ async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> d
     rows, failed = [], 0
     progress = common.bar(2 * n_req, NAME)
     for i in range(n_req):
-        prompt = wl.chat_prompt(40)
         order = ("socket", "gateway") if i % 2 == 0 else ("gateway", "socket")
         for name in order:
-            spec = RequestSpec(prompt, n, seed=args.seed + i, tag=name)
+            # same shape, each its own unique prompt (no cache may favour the second path)
+            spec = RequestSpec(wl.chat_prompt(40), n, seed=args.seed + i, tag=name)
             c0, g0, t0 = time.process_time(), proc_cpu_s(gw_pid), time.perf_counter()
             r = await paths[name].generate(spec)
             dt = time.perf_counter() - t0

@@ -144,9 +144,21 @@ def report(run_dir: RunDir, names: list[str], servers: list[str], results: dict)
                 {s: frontier(results[name][s]) for s in servers if s in results[name]},
             )
     run_dir.write_csv("peers.csv", header, csv_rows)
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    (run_dir.path / "peers.md").write_text("\n".join(md) + "\n")
+    run_dir.files.append("peers.md")
     print(f"\n== bench peers (ratios: {base} / peer; lower is better for ms) ==")
     print_table(header, rows)
     return tables
+
+
+def _md(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}"
+    return str(x)
 
 
 def _ratio(a, b):
