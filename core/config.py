@@ -36,10 +36,10 @@ class Config:
     policy: str = "qos,latency,bmt,tuner"
     slo_tbt_ms: float = 0.0
     slo_ttft_ms: float = 0.0
-    headroom: float = 0.15
-    bg_tick_ms: float = 120.0
+    headroom: float = 0.2
+    bg_tick_ms: float = 60.0
     hold_ticks: int = 8
-    starve_ms: float = 500.0
+    starve_ms: float = 2000.0
     bmt_budget: float = 0.0
     reserved_interactive_seqs: int = 1
     seed: int | None = None

@@ -79,6 +79,8 @@ class Engine:
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._stats = EngineStats()
         self._tick_model = OnlineTickModel()
+        self._prev_tick: tuple[float, float] | None = None  # (start, decode ms) of the last tick
+        self._overhead_ms = 0.0
         self._tuner = tuner
         self._reserved = reserved_interactive  # sequences only interactive requests may take
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
@@ -125,6 +127,7 @@ class Engine:
             while True:
                 with self._cond:
                     while not (self._inbox or self._running or self._stop_reason):
+                        self._prev_tick = None  # idle time is not tick overhead
                         self._cond.wait()
                     ops = list(self._inbox)
                     self._inbox.clear()
@@ -215,8 +218,12 @@ class Engine:
             self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items
         ]
         t0 = time.perf_counter()
+        if self._prev_tick is not None:  # busy since the last tick: the rest was overhead
+            prev_t0, prev_ms = self._prev_tick
+            self._overhead_ms = _ewma(self._overhead_ms, (t0 - prev_t0) * 1e3 - prev_ms)
         rc, rows = self.runtime.decode(spans)
         ms = (time.perf_counter() - t0) * 1e3
+        self._prev_tick = (t0, ms)
         if rc != 0:
             self._decode_failed(rc, plan, spans)
             return
@@ -268,6 +275,7 @@ class Engine:
             last_tick_tokens=plan.n_tokens,
             last_decode_failed=False,
             cost=self._tick_model.cost,
+            overhead_ms_ewma=self._overhead_ms,
             tick=st.tick + 1,
             guard_hold=hold,
             guard_ramp=ramp,
@@ -277,6 +285,7 @@ class Engine:
         m = self.metrics
         m.record_tick(ms, n_decode, n_prefill)
         m.tick_ms_predicted_last = plan.predicted_ms or 0.0
+        m.tick_overhead_ms_ewma = self._overhead_ms
         m.tick_budget_ms_last = plan.budget_ms or 0.0
         m.prefill_guard_active = int(plan.guard_active or hold > 0)
         m.parked_sessions = len(plan.parked)

@@ -1,16 +1,17 @@
-"""LatencyGuard: keep ticks within a time budget while an interactive stream decodes.
+"""LatencyGuard: keep ticks within a time budget while an interactive request is served.
 
-Budget: ``slo_tbt_ms`` if set, else (1 + headroom) x the predicted tick of the interactive
-decoders alone, so interactive inter-token gaps stay within that factor of running alone.
-Background decoders and prefill are admitted only as far as the tick-time model predicts they
-fit. When no interactive stream decodes, ticks are bounded by ``bg_tick_ms`` so a newly
-arriving interactive request waits at most about that long for its first tick. A new
-interactive prompt's prefill may stretch a tick to ``slo_ttft_ms`` (default ``bg_tick_ms``).
+A tick that carries interactive work (a decoding stream, or a new interactive prompt) is
+protected: its budget is ``slo_tbt_ms`` if set, else the predicted period of that interactive
+work alone stretched by (1 + headroom), where a period is the decode time plus the engine's
+per-tick overhead (what a client sees between two tokens). Background decoders and prefill
+join only as far as the tick-time model predicts they fit. A new interactive prompt is
+prefilled in chunks of at most ``slo_ttft_ms`` (default ``bg_tick_ms``) per tick. Ticks with
+no interactive work are bounded by ``bg_tick_ms``, so a newly arriving interactive request
+waits at most about that long for its first tick.
 
 Hysteresis: after a tick that overran its budget the engine sets ``guard_hold`` (no background
 prefill for H ticks) then ``guard_ramp`` (a prefill cap that doubles each tick). Nothing
-starves: a session not advanced for ``starve_ms`` gets one token (decode) or a minimum chunk
-(prefill) even over budget.
+starves: a session not advanced for ``starve_ms`` gets one token even over budget.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from uma_serve.core.policy.state import (
     views_by_seq,
 )
 
-STARVED_CHUNK = 4  # prompt tokens a starved session gets per tick
+STARVED_CHUNK = 1  # tokens a starved session gets in a tick over budget
+UNLIMITED = 1 << 30
 
 
 class LatencyGuard:
@@ -44,20 +46,30 @@ class LatencyGuard:
         def starved(item: BatchItem) -> bool:
             return state.now_ns - views[item.seq_id].last_progress_ns > c.starve_ms * 1e6
 
-        fg_decode = [i for i in plan.items if i.phase is Phase.DECODE and interactive(i)]
-        if fg_decode:
-            solo = cost.predict(plan_shape(tuple(fg_decode), views))
+        def room(kept: list[BatchItem], budget: float) -> int:
+            shape = plan_shape(tuple(kept), views)
+            return cost.prefill_that_fits(shape.decode, shape.kv_k, budget) - shape.prefill
+
+        kept = [i for i in plan.items if i.phase is Phase.DECODE and interactive(i)]
+        stretch = c.slo_ttft_ms or c.bg_tick_ms
+        for item in plan.items:  # new interactive prompts, in chunks that fit the stretch
+            if item.phase is Phase.PREFILL and interactive(item):
+                n = min(item.n_tokens, max(room(kept, stretch), 1))
+                pending = views[item.seq_id].pending_prefill
+                kept.append(replace(item, n_tokens=n, logits=n == pending))
+        if kept:
+            solo = cost.predict(plan_shape(tuple(kept), views)) + stats.overhead_ms_ewma
             budget = c.slo_tbt_ms or solo * (1.0 + c.headroom)
+            budget -= stats.overhead_ms_ewma  # compare with predicted decode time
         else:
             budget = c.bg_tick_ms
-        kept: list[BatchItem] = list(fg_decode)
+        protected = bool(kept)
+        held = protected and stats.guard_hold > 0
+        prefill_cap = stats.guard_ramp if stats.guard_ramp is not None else UNLIMITED
         parked: list[int] = []
-        held = bool(fg_decode) and stats.guard_hold > 0
-        prefill_cap = stats.guard_ramp if stats.guard_ramp is not None else 1 << 30
-        for item in plan.items:
-            if item in fg_decode:
+        for item in plan.items:  # background work, in the plan's order, while it fits
+            if interactive(item):
                 continue
-            bg = not interactive(item)
             if item.phase is Phase.DECODE:
                 fits = cost.predict(plan_shape((*kept, item), views)) <= budget
                 if fits or starved(item):
@@ -65,13 +77,7 @@ class LatencyGuard:
                 else:
                     parked.append(item.seq_id)
                 continue
-            if held and bg and not starved(item):
-                continue
-            # a new interactive prompt may stretch the tick, up to slo_ttft_ms or bg_tick_ms
-            item_budget = budget if bg else max(budget, c.slo_ttft_ms or c.bg_tick_ms)
-            shape = plan_shape(tuple(kept), views)
-            room = cost.prefill_that_fits(shape.decode, shape.kv_k, item_budget) - shape.prefill
-            n = min(item.n_tokens, max(room, 0), prefill_cap if bg else 1 << 30)
+            n = 0 if held else min(item.n_tokens, max(room(kept, budget), 0), prefill_cap)
             if n <= 0 and starved(item):
                 n = min(item.n_tokens, STARVED_CHUNK)
             if n > 0:

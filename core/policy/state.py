@@ -43,6 +43,7 @@ class EngineStats:
     last_tick_tokens: int = 0
     last_decode_failed: bool = False  # the previous llama_decode found no KV slot
     cost: TickCost = TickCost()  # the fitted tick-time model
+    overhead_ms_ewma: float = 0.0  # engine time per tick outside llama_decode, smoothed
     tick: int = 0  # ticks run so far
     guard_hold: int = 0  # ticks left during which the LatencyGuard holds background prefill
     guard_ramp: int | None = None  # prefill cap while re-enabling after a hold (doubles)
@@ -77,10 +78,10 @@ class Constraints:
     # LatencyGuard
     slo_tbt_ms: float | None = None  # None: (1 + headroom) x predicted interactive decode tick
     slo_ttft_ms: float | None = None  # None: interactive prefill ticks up to bg_tick_ms
-    headroom: float = 0.15
-    bg_tick_ms: float = 120.0  # bound on ticks when no interactive stream decodes
+    headroom: float = 0.2
+    bg_tick_ms: float = 60.0  # bound on ticks without interactive work
     hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
-    starve_ms: float = 500.0  # any session waits at most this long between progress
+    starve_ms: float = 2000.0  # any session waits at most this long between progress
     # QoS
     max_bg_decoders: int = 1 << 30
     # ΣBMT guard (off when None)

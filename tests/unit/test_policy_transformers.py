@@ -114,7 +114,7 @@ def test_guard_hold_stops_background_prefill_then_ramp_caps_it() -> None:
 
 
 def test_guard_never_starves_a_session() -> None:
-    old = NOW - int(600e6)  # 600 ms without progress > starve_ms 500
+    old = NOW - int(2500e6)  # 2.5 s without progress > starve_ms 2 s
     st = state(
         view(0, Phase.DECODE),
         view(1, Phase.PREFILL, "background", 1000, progress=old),
