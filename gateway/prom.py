@@ -42,7 +42,23 @@ HISTOGRAMS = {
 GAUGES = {
     "active_sessions": ("uma_num_requests_running", "Requests holding a sequence in the core."),
     "waiting_sessions": ("uma_num_requests_waiting", "Requests queued for a sequence."),
-    "parked_sessions": ("uma_num_requests_parked", "Sessions parked (state saved) by policy."),
+    "parked_sessions": ("uma_num_requests_parked", "Decoders the policy skipped last tick."),
+    "served_decoders": ("uma_served_decoders", "Sequences decoded in the last tick."),
+    "prefill_guard_active": (
+        "uma_prefill_guard_active",
+        "1 when a guard held back work in the last tick (or hysteresis holds prefill).",
+    ),
+    "tick_ms_predicted_last": (
+        "uma_tick_ms_predicted",
+        "The tick-time model's prediction for the last tick (ms).",
+    ),
+    "tick_budget_ms_last": ("uma_tick_budget_ms", "The time budget of the last tick (ms)."),
+    "tick_overhead_ms_ewma": (
+        "uma_tick_overhead_ms_ewma",
+        "Engine time per tick outside llama_decode, smoothed (ms).",
+    ),
+    "bmt_estimate_last": ("uma_bmt_estimate_bytes", "Estimated bytes the last tick moved."),
+    "bmt_budget": ("uma_bmt_budget_bytes_per_second", "ΣBMT guard budget (0: off)."),
     "decode_ms_ewma": ("uma_decode_ms_ewma", "EWMA of llama_decode time per tick (ms)."),
     "decode_ms_last": ("uma_decode_ms_last", "llama_decode time of the last tick (ms)."),
     "batch_size_last": ("uma_batch_size_last", "Tokens in the last tick's batch."),
@@ -57,11 +73,21 @@ COUNTERS = {
     "tokens_generated_total": ("uma_generation_tokens_total", "Tokens generated."),
     "batch_calls_total": ("uma_batch_calls_total", "llama_decode calls (ticks)."),
     "decode_failures_total": ("uma_decode_failures_total", "llama_decode calls that failed."),
+    "ticks_over_budget_total": (
+        "uma_ticks_over_budget_total",
+        "Ticks whose decode time passed the budget the guard planned for.",
+    ),
 }
 
 
-def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricFamily:
-    """Core histogram (ms bounds, per-bucket counts) -> cumulative buckets in seconds."""
+QOS_HISTOGRAMS = {
+    "ttft_ms": ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class."),
+    "inter_token_ms": ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class."),
+}
+
+
+def cumulative_buckets(h: dict[str, Any]) -> list[tuple[str, float]]:
+    """Core histogram (ms bounds, per-bucket counts) -> cumulative ``le`` buckets in seconds."""
     buckets: list[tuple[str, float]] = []
     running = 0
     counts = h.get("counts", [])
@@ -69,7 +95,20 @@ def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricF
         running += n
         buckets.append((repr(bound / 1000.0), running))
     buckets.append(("+Inf", h.get("count", sum(counts))))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.get("sum", 0.0) / 1000.0)
+    return buckets
+
+
+def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(
+        name, doc, buckets=cumulative_buckets(h), sum_value=h.get("sum", 0.0) / 1000.0
+    )
+
+
+def qos_histogram_family(name: str, doc: str, by_qos: dict[str, Any]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=["qos"])
+    for qos, h in by_qos.items():
+        family.add_metric([qos], cumulative_buckets(h), h.get("sum", 0.0) / 1000.0)
+    return family
 
 
 class CoreCollector(Collector):
@@ -115,6 +154,10 @@ class CoreCollector(Collector):
             h = (snap.get("histograms") or {}).get(key)
             if h:
                 yield histogram_family(name, doc, h)
+        for key, (name, doc) in QOS_HISTOGRAMS.items():
+            by_qos = (snap.get("histograms_by_qos") or {}).get(key) or {}
+            if by_qos:
+                yield qos_histogram_family(name, doc, by_qos)
 
 
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
