@@ -17,6 +17,7 @@ SCENARIOS: dict[str, str] = {
     "sweep": "sweep",
     "ipc-overhead": "ipc_overhead",
     "engine": "engine",
+    "calibrate": "calibrate",
     "peers": "peers",
 }
 
