@@ -42,16 +42,24 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--doc-tokens", type=int, help="document length (default 1500, quick 250)")
     ap.add_argument("--answer-tokens", type=int, default=8, help="background answer length")
     ap.add_argument("--lead-s", type=float, default=1.0, help="storm head start (s)")
+    ap.add_argument(
+        "--drain-s", type=float, default=300.0, help="bound on waiting for background to finish"
+    )
     ap.add_argument("--bg-qos", default="background", choices=("background", "interactive"))
     ap.set_defaults(requests=3)  # interactive requests alone and under the storm
 
 
 async def background_loop(
-    target: Target, wl: Workload, args: argparse.Namespace, k: int, out: list[RequestResult]
+    target: Target,
+    wl: Workload,
+    args: argparse.Namespace,
+    k: int,
+    out: list[RequestResult],
+    stop: asyncio.Event,
 ) -> None:
     doc_tokens = args.doc_tokens or (250 if args.quick else 1500)
     i = 0
-    while True:
+    while not stop.is_set():
         spec = RequestSpec(
             wl.document(doc_tokens),
             args.answer_tokens,
@@ -64,15 +72,25 @@ async def background_loop(
 
 
 async def under_load(target, args, wl, loops) -> tuple[list[RequestResult], list, float, float]:
-    """Start the background loops, wait lead_s, run the interactive requests, stop the loops.
+    """Start the background loops, wait lead_s, run the interactive requests, then stop
+    sending background work and let what is in flight finish (every background request must
+    complete: the load's duration runs to the last one, so background tokens/s is the work
+    done over the whole storm, not what slipped in beside the interactive stream).
     Returns (interactive results, background results, load duration s, t_load_start)."""
     bg: list[RequestResult] = []
+    stop = asyncio.Event()
     t_start = time.perf_counter()
-    tasks = [asyncio.create_task(loop(target, wl, args, k, bg)) for k, loop in enumerate(loops)]
+    tasks = [
+        asyncio.create_task(loop(target, wl, args, k, bg, stop)) for k, loop in enumerate(loops)
+    ]
     await asyncio.sleep(args.lead_s)
     results, _ = await solo.run_solo(target, args, wl, tag="interactive")
-    for t in tasks:
+    stop.set()
+    _, pending = await asyncio.wait(tasks, timeout=args.drain_s)
+    for t in pending:  # not finished within the drain bound: counted as failed
         t.cancel()
+        spec = RequestSpec("", 0, tag="background-unfinished")
+        bg.append(RequestResult(spec, t_start, error=f"unfinished after {args.drain_s:g} s drain"))
     await asyncio.gather(*tasks, return_exceptions=True)
     return results, bg, time.perf_counter() - t_start, t_start
 
