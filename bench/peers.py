@@ -36,6 +36,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma list of servers")
     ap.add_argument("--build", action="store_true", help="build missing peers first")
     ap.add_argument("--levels", help="sweep levels (passed to sweep)")
+    ap.add_argument(
+        "--report-only",
+        metavar="DIR",
+        help="rebuild the table and charts from an earlier (possibly interrupted) peers run",
+    )
 
 
 def scenario_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
@@ -60,7 +65,24 @@ def get(d: dict, dotted: str):
     return d
 
 
+def report_only(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    root = Path(args.report_only)
+    results: dict[str, dict[str, dict]] = {}
+    for f in sorted(root.glob("*/*/summary.json")):
+        results.setdefault(f.parent.parent.name, {})[f.parent.name] = json.loads(f.read_text())
+    names = [n for n in PEER_SCENARIOS if n in results]
+    servers = [s for s in SERVERS if any(s in results[n] for n in names)]
+    tables = report(RunDir(NAME, str(root)), names, servers, results)
+    (root / "tables.json").write_text(json.dumps(tables, indent=2) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.report_only:
+        return report_only(args)
     names = list(PEER_SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     servers = args.servers.split(",")
     run_dir = RunDir(NAME, args.out)
