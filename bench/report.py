@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from uma_serve.bench.targets import RequestResult  # noqa: E402
 
+BACKGROUND_LABELS = ("background", "decoder", "doc", "paste")  # drawn thin and grey
 TOKEN_HEADER = ["server", "tag", "request", "qos", "token_idx", "ts_ms", "gap_ms"]
 
 
@@ -71,15 +72,31 @@ def plot_gaps(run: RunDir, name: str, title: str, streams: Sequence[tuple[str, l
     """Inter-token gaps over time, one line per stream: (label, ts_ms, gap_ms). Freezes are
     the spikes; a log y-axis keeps a 30 ms cadence and a 2 s freeze readable together."""
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    for label, ts, gap in streams:
-        if ts:
-            ax.plot([t / 1000.0 for t in ts], gap, marker=".", markersize=3, lw=0.8, label=label)
+    seen: set[str] = set()
+    for k, (label, ts, gap) in enumerate(streams):
+        if not ts:
+            continue
+        bg = label.startswith(BACKGROUND_LABELS)
+        name = label.split("-")[0] if bg else label
+        style = (
+            {"color": "0.6", "lw": 0.6, "markersize": 2, "alpha": 0.7, "zorder": 1}
+            if bg
+            else {"color": f"C{k % 10}", "lw": 1.2, "markersize": 3, "zorder": 3}
+        )
+        ax.plot(
+            [t / 1000.0 for t in ts],
+            gap,
+            marker=".",
+            label=None if name in seen else name,
+            **style,
+        )
+        seen.add(name)
     ax.set_yscale("log")
     ax.set_xlabel("time since run start (s)")
     ax.set_ylabel("inter-token gap (ms, log)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    if streams and len(streams) <= 12:
+    if seen and len(seen) <= 16:
         ax.legend(fontsize=7, loc="upper right")
     return run.savefig(fig, name)
 
