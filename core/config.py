@@ -33,7 +33,7 @@ class Config:
     idle_timeout: float = 300.0
     tick_budget_ms: float = 50.0
     prefill_burst: int = 256
-    policy: str = "qos,latency,bmt,tuner"
+    policy: str = "qos,spec,latency,bmt,tuner"
     slo_tbt_ms: float = 0.0
     slo_ttft_ms: float = 0.0
     headroom: float = 0.2
@@ -42,6 +42,11 @@ class Config:
     starve_ms: float = 2000.0
     bmt_budget: float = 0.0
     reserved_interactive_seqs: int = 1
+    sampler: str = "numpy"
+    prefix_cache_tokens: int = 4096
+    prefix_cache_slots: int = 8
+    spec_draft: int = 6
+    spec_max_streams: int = 2
     seed: int | None = None
     log_level: str = "info"
 
@@ -80,8 +85,8 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "scheduler.prefill_burst",
     ),
     "policy": (
-        "plan transformers after the baseline, in order, comma-separated, from qos, latency, "
-        "bmt, tuner ('' = baseline only)",
+        "plan transformers after the baseline, in order, comma-separated, from qos, spec, "
+        "latency, bmt, tuner ('' = baseline only)",
         "scheduler.policy",
     ),
     "slo_tbt_ms": (
@@ -110,6 +115,29 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     "reserved_interactive_seqs": (
         "sequences background requests may not take, kept for interactive ones",
         "scheduler.reserved_interactive_seqs",
+    ),
+    "sampler": (
+        "token sampling: numpy (argmax / partial selection on the logits rows, no copy) or "
+        "llama (llama.cpp's sampler chain per sequence)",
+        "scheduler.sampler",
+    ),
+    "prefix_cache_tokens": (
+        "prefix cache: KV cells finished sequences may keep resident for reuse by later "
+        "prompts (0: off; on, the SWA layers keep full-size KV: docs/MEMORY.md)",
+        "cache.prefix_cache_tokens",
+    ),
+    "prefix_cache_slots": (
+        "prefix cache: cached prefixes at most (extra sequence ids in the context)",
+        "cache.prefix_cache_slots",
+    ),
+    "spec_draft": (
+        "speculative decoding (policy 'spec'): prompt-lookup tokens verified per tick at most "
+        "(0: off)",
+        "scheduler.spec_draft",
+    ),
+    "spec_max_streams": (
+        "speculative decoding only while at most this many streams decode",
+        "scheduler.spec_max_streams",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
     "log_level": ("debug, info, warning or error", "log_level"),
@@ -208,11 +236,23 @@ def validate(c: Config) -> None:
         problems.append("n_ctx must give each of n_seq sequences at least 64 tokens")
     if c.reserved_interactive_seqs < 0 or c.reserved_interactive_seqs >= max(c.n_seq, 1) > 1:
         problems.append("reserved_interactive_seqs must be in [0, n_seq)")
-    for name in ("slo_tbt_ms", "slo_ttft_ms", "headroom", "bmt_budget", "starve_ms"):
+    for name in (
+        "slo_tbt_ms",
+        "slo_ttft_ms",
+        "headroom",
+        "bmt_budget",
+        "starve_ms",
+        "prefix_cache_tokens",
+        "prefix_cache_slots",
+        "spec_draft",
+        "spec_max_streams",
+    ):
         if getattr(c, name) < 0:
             problems.append(f"{name} must not be negative")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0:
         problems.append("bg_tick_ms must be positive and hold_ticks not negative")
+    if c.sampler not in ("numpy", "llama"):
+        problems.append("sampler must be numpy or llama")
     if c.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append("log_level must be debug, info, warning or error")
     if problems:

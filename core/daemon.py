@@ -38,6 +38,7 @@ def socket_in_use(path: str) -> bool:
 
 
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
+    prefix_cache = config.prefix_cache_tokens > 0 and config.prefix_cache_slots > 0
     runtime = Runtime(
         RuntimeParams(
             model_path=config.model or cfg.default_model_path(),
@@ -47,6 +48,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_seq=config.n_seq,
             threads=config.threads,
             n_gpu_layers=config.n_gpu_layers,
+            # reusing a cached prefix needs the SWA layers' KV of every position it covers
+            swa_full=prefix_cache,
+            n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
         )
     )
     names = [n.strip() for n in config.policy.split(",") if n.strip()]
@@ -65,6 +69,8 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         starve_ms=config.starve_ms,
         bmt_budget_gbs=config.bmt_budget or None,
         model=facts,
+        spec_max_draft=config.spec_draft if "spec" in names else 0,
+        spec_max_streams=config.spec_max_streams,
     )
     tuner = None
     if "tuner" in names:
@@ -80,6 +86,8 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         seed=config.seed,
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
+        sampler=config.sampler,
+        prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
     )
     template = runtime.chat_template or builtin_template(runtime.architecture)
     chat = ChatTemplate(template) if template else None

@@ -28,9 +28,12 @@ from uma_serve.core.policy import (
     SchedulerState,
     plan_shape,
 )
+from uma_serve.core.policy.prefix import Entry, PrefixIndex
+from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tickmodel import OnlineTickModel
 from uma_serve.core.policy.tuner import SweetSpotTuner
-from uma_serve.core.runtime import Runtime, SamplingParams, Span
+from uma_serve.core.runtime import Runtime, Sampler, SamplingParams, Span
+from uma_serve.core.sampling import TokenSampler
 from uma_serve.core.sequence import RequestKey, Sequence
 
 log = logging.getLogger("uma.engine")
@@ -63,6 +66,8 @@ class Engine:
         seed: int | None = None,
         tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
+        sampler: str = "numpy",
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.runtime = runtime
         self.policy = policy
@@ -75,6 +80,13 @@ class Engine:
         self._inbox: deque[tuple[str, object]] = deque()
         self._stop_reason: str | None = None
         self._free_seq_ids = list(range(runtime.params.n_seq))
+        n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache
+        self._prefix = (
+            PrefixIndex(range(n_seq, n_seq + n_cache), prefix_cache_tokens)
+            if prefix_cache_tokens > 0 and n_cache > 0
+            else None
+        )
+        self._spec = constraints.spec_max_draft
         self._waiting: deque[Sequence] = deque()
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._stats = EngineStats()
@@ -83,6 +95,9 @@ class Engine:
         self._overhead_ms = 0.0
         self._tuner = tuner
         self._reserved = reserved_interactive  # sequences only interactive requests may take
+        if sampler not in ("numpy", "llama"):
+            raise ValueError(f"unknown sampler {sampler!r}: numpy or llama")
+        self._numpy_sampling = sampler == "numpy"
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
@@ -184,7 +199,7 @@ class Engine:
             seq.seq_id = self._free_seq_ids.pop()
             seq.admitted_ns = seq.last_progress_ns = now
             req = seq.request
-            seq.sampler = self.runtime.new_sampler(
+            seq.sampler = self._new_sampler(
                 SamplingParams(
                     temperature=req.temperature,
                     top_p=req.top_p,
@@ -198,12 +213,91 @@ class Engine:
                 default_seed=self._rng.getrandbits(32),
             )
             self.runtime.seq_clear(seq.seq_id)
+            self._reuse_prefix(seq)
+            if self._spec > 0:
+                seq.ngrams = NgramIndex(seq.prompt)
             self._running[seq.seq_id] = seq
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.waiting_sessions = len(self._waiting)
         self.metrics.active_sessions = len(self._running)
 
+    def _new_sampler(self, params: SamplingParams, default_seed: int) -> TokenSampler | Sampler:
+        if self._numpy_sampling:
+            return TokenSampler(params, default_seed)
+        return self.runtime.new_sampler(params, default_seed)
+
+    def _sample(self, seq: Sequence, row: int) -> int:
+        """The session's next token from batch row ``row`` of the last decode."""
+        sampler = seq.sampler
+        if isinstance(sampler, TokenSampler):
+            return sampler.sample(self.runtime.logits_row(row))
+        assert sampler is not None
+        return self.runtime.sample(sampler, row)
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Take the longest cached prefix of the prompt (all but its last token, which must be
+        decoded for logits) by tagging the cached cells with this sequence's id."""
+        if self._prefix is None:
+            return
+        m = self.metrics
+        m.prefix_cache_queries_total += 1
+        entry, n = self._prefix.lookup(seq.prompt)
+        n = min(n, len(seq.prompt) - 1)
+        if entry is None or n <= 0:
+            return
+        self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
+        self._prefix.touch(entry)
+        seq.n_past = seq.cached_tokens = n
+        seq.cached_from = entry
+        m.prefix_cache_hits_total += 1
+        m.prefix_cache_cached_tokens_total += n
+
+    def _store_prefix(self, seq: Sequence) -> None:
+        """Keep a finished sequence's KV under a cache id (before its working id is cleared)."""
+        assert self._prefix is not None
+        parent: Entry | None = seq.cached_from
+        if parent is not None and self._prefix.entries.get(parent.cache_id) is not parent:
+            parent = None  # evicted since (its id may hold another entry now)
+        plan = self._prefix.plan_store(
+            seq.kv_tokens(),
+            parent.cache_id if parent else None,
+            seq.cached_tokens if parent else 0,
+        )
+        for cache_id in plan.evict:
+            self.runtime.seq_clear(cache_id)
+        if plan.entry is not None:
+            self.runtime.seq_copy(seq.seq_id, plan.entry.cache_id, len(plan.entry))
+        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
+        self.metrics.prefix_cache_entries = len(self._prefix.entries)
+
+    def _evict_prefixes(self) -> bool:
+        """Free every cached prefix (the KV is needed by running sequences)."""
+        if self._prefix is None or not self._prefix.entries:
+            return False
+        for cache_id in self._prefix.clear():
+            self.runtime.seq_clear(cache_id)
+        self.metrics.prefix_cache_resident_tokens = 0
+        self.metrics.prefix_cache_entries = 0
+        self.metrics.prefix_cache_evictions_total += 1
+        return True
+
+    def _propose_drafts(self) -> None:
+        """Prompt-lookup proposals for the decoding sequences (only while few decode)."""
+        decoding = [s for s in self._running.values() if s.next_token is not None]
+        few = len(decoding) <= self.constraints.spec_max_streams
+        for s in decoding:
+            s.draft = ()
+            if few and s.ngrams is not None:
+                limit = min(
+                    self._spec,
+                    s.request.max_tokens - s.generated - 1,
+                    self.runtime.n_ctx_per_seq - s.n_past - 2,
+                )
+                s.draft = s.ngrams.draft(limit)
+
     def snapshot(self) -> SchedulerState:
+        if self._spec > 0:
+            self._propose_drafts()
         views = tuple(s.view() for s in self._running.values())
         return SchedulerState(sessions=views, stats=self._stats, now_ns=time.monotonic_ns())
 
@@ -235,9 +329,12 @@ class Engine:
                 seq.burst = 0
         for item, span, row in zip(plan.items, spans, rows, strict=True):
             seq = self._running[item.seq_id]
-            seq.n_past += len(span.tokens)
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
+            if item.phase is Phase.DECODE and len(span.tokens) > 1:
+                self._verify(seq, span.tokens[1:], row, now)
+                continue
+            seq.n_past += len(span.tokens)
             if item.phase is Phase.DECODE:
                 seq.next_token = None
             elif not seq.pending_prefill:
@@ -250,13 +347,45 @@ class Engine:
         seq = self._running[seq_id]
         if phase is Phase.DECODE:
             assert seq.next_token is not None
-            return Span(seq_id, seq.n_past, [seq.next_token], True)
+            tokens = [seq.next_token, *seq.draft[: n - 1]]
+            return Span(seq_id, seq.n_past, tokens, True, all_logits=len(tokens) > 1)
         tokens = seq.prompt[seq.n_past : seq.n_past + n]
         return Span(seq_id, seq.n_past, tokens, logits and seq.n_past + n == len(seq.prompt))
 
+    def _verify(self, seq: Sequence, drafts: list[int], row: int, now: int) -> None:
+        """Speculative verification of [pending token, *drafts] decoded with logits on every row.
+
+        Row j holds the distribution after the pending token and drafts[:j]. Sample it with the
+        session's own sampler and emit the token through the usual path; while it equals
+        drafts[j], that token is already in the KV at the next position, so row j + 1 is valid
+        and is sampled next. The first disagreement (or the row after the last draft) yields
+        the new pending token; the KV beyond the accepted run is removed. Every emitted token is
+        the one plain decoding would sample from the same logits: greedy output is identical,
+        sampled output has the same law.
+        """
+        seq.n_past += 1  # the pending token
+        seq.next_token = None
+        accepted = 0
+        for j in range(len(drafts) + 1):
+            self._on_logits(seq, row + j, now)
+            if seq.next_token is None:  # finished (EOS, stop string, length)
+                break
+            if j == len(drafts) or seq.next_token != drafts[j]:
+                break
+            seq.n_past += 1
+            accepted += 1
+            seq.next_token = None
+        if self._running.get(seq.seq_id) is seq:
+            self.runtime.seq_trim(seq.seq_id, seq.n_past)
+        m = self.metrics
+        m.spec_drafted_tokens_total += len(drafts)
+        m.spec_accepted_tokens_total += accepted
+        seq.spec_accept_ewma = 0.3 * accepted / len(drafts) + 0.7 * seq.spec_accept_ewma
+
     def _record_tick(self, ms: float, plan: Plan, state: SchedulerState) -> None:
         n_decode = plan.n_decode
-        n_prefill = plan.n_tokens - n_decode
+        n_prefill = plan.n_tokens - n_decode  # drafted tokens cost like prompt tokens
+        n_draft = sum(i.n_tokens - 1 for i in plan.items if i.phase is Phase.DECODE)
         st = self._stats
         base, per_tok = st.base_tick_ms_ewma, st.prefill_ms_per_token_ewma
         if n_prefill == 0:
@@ -283,7 +412,7 @@ class Engine:
             bg_burst=self._tuner.k if self._tuner else st.bg_burst,
         )
         m = self.metrics
-        m.record_tick(ms, n_decode, n_prefill)
+        m.record_tick(ms, n_decode, n_prefill - n_draft)
         m.tick_ms_predicted_last = plan.predicted_ms or 0.0
         m.tick_overhead_ms_ewma = self._overhead_ms
         m.tick_budget_ms_last = plan.budget_ms or 0.0
@@ -319,6 +448,9 @@ class Engine:
         for span in spans:  # undo whatever part of the batch reached the cache
             self.runtime.seq_trim(span.seq_id, span.pos)
         self._stats = replace(self._stats, last_decode_failed=True)
+        if rc == 1 and self._evict_prefixes():
+            log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
+            return
         n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
         now = time.monotonic_ns()
         if rc == 1 and n_prefill > 1:
@@ -340,8 +472,7 @@ class Engine:
                 self._fail(seq, p.E_RUNTIME, f"llama_decode failed (rc={rc})", now)
 
     def _on_logits(self, seq: Sequence, row: int, now: int) -> None:
-        assert seq.sampler is not None
-        token = self.runtime.sample(seq.sampler, row)
+        token = self._sample(seq, row)
         req = seq.request
         if self.runtime.is_eog(token) and not req.ignore_eos:
             self._finish(seq, "stop", now, token=token)
@@ -364,6 +495,9 @@ class Engine:
         else:
             self._emit_text(seq, text, token)
             seq.next_token = token
+            seq.out.append(token)
+            if seq.ngrams is not None:
+                seq.ngrams.append(token)
 
     def _emit_text(self, seq: Sequence, text: str, token: int) -> None:
         event = seq.token_event(text, token)
@@ -388,6 +522,8 @@ class Engine:
             if rest:
                 self._emit_text(seq, rest, token)
         if seq.seq_id >= 0 and self._running.pop(seq.seq_id, None) is seq:
+            if self._prefix is not None and reason != "error" and seq.n_past > 0:
+                self._store_prefix(seq)
             self.runtime.seq_clear(seq.seq_id)
             self._free_seq_ids.append(seq.seq_id)
         if seq.sampler is not None:

@@ -265,6 +265,12 @@ class Runtime:
         rc = ll.llama_decode(self.ctx, self._batch)
         return rc, rows
 
+    def logits_row(self, row: int) -> np.ndarray:
+        """The logits of a batch row as a numpy view on llama.cpp's buffer (no copy); valid
+        until the next decode."""
+        ptr = ll.llama_get_logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
     def new_sampler(self, params: SamplingParams, default_seed: int) -> Sampler:
         return Sampler(self.n_vocab, params, default_seed)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Phase, SessionView
 from uma_serve.core.runtime import Sampler
+from uma_serve.core.sampling import TokenSampler
 from uma_serve.core.textstream import TextStream
 
 RequestKey = tuple[int, str]  # (connection id, request id)
@@ -19,7 +20,7 @@ class Sequence:
     prompt: list[int]
     arrival_ns: int
     seq_id: int = -1
-    sampler: Sampler | None = None
+    sampler: Sampler | TokenSampler | None = None
     n_past: int = 0  # tokens in the KV cache
     next_token: int | None = None  # sampled, not yet decoded
     generated: int = 0
