@@ -51,10 +51,13 @@ class LatencyGuard:
             return cost.prefill_that_fits(shape.decode, shape.kv_k, budget) - shape.prefill
 
         kept = [i for i in plan.items if i.phase is Phase.DECODE and interactive(i)]
-        stretch = c.slo_ttft_ms or c.bg_tick_ms
-        for item in plan.items:  # new interactive prompts, in chunks that fit the stretch
+        # new interactive prompts: in chunks that fit the stretch while other interactive
+        # streams decode; as fast as the base plan allows when none does
+        stretch = (c.slo_ttft_ms or c.bg_tick_ms) if kept else float("inf")
+        for item in plan.items:
             if item.phase is Phase.PREFILL and interactive(item):
-                n = min(item.n_tokens, max(room(kept, stretch), 1))
+                fits = room(kept, stretch) if kept else item.n_tokens
+                n = min(item.n_tokens, max(fits, 1))
                 pending = views[item.seq_id].pending_prefill
                 kept.append(replace(item, n_tokens=n, logits=n == pending))
         if kept:
@@ -77,7 +80,11 @@ class LatencyGuard:
                 else:
                     parked.append(item.seq_id)
                 continue
-            n = 0 if held else min(item.n_tokens, max(room(kept, budget), 0), prefill_cap)
+            # unprotected ticks always carry a minimum chunk: a mis-predicting model (a slow
+            # moment of the machine) must not stall background prompts
+            floor = 0 if protected else c.min_prefill_tokens
+            fits = max(room(kept, budget), floor, 0)
+            n = 0 if held else min(item.n_tokens, fits, prefill_cap)
             if n <= 0 and starved(item):
                 n = min(item.n_tokens, STARVED_CHUNK)
             if n > 0:

@@ -65,7 +65,10 @@ class OnlineTickModel:
         px = [sum(P[i][j] * x[j] for j in range(N_FEATURES)) for i in range(N_FEATURES)]
         denom = lam + sum(x[i] * px[i] for i in range(N_FEATURES))
         k = [v / denom for v in px]
-        err = ms - sum(t * v for t, v in zip(self.theta, x, strict=True))
+        predicted = sum(t * v for t, v in zip(self.theta, x, strict=True))
+        # robust to outliers (a preempted tick, a page fault storm): clip the error
+        bound = max(5.0, 0.5 * abs(predicted)) if self.samples > 20 else float("inf")
+        err = min(max(ms - predicted, -bound), bound)
         self.theta = [t + ki * err for t, ki in zip(self.theta, k, strict=True)]
         xp = [sum(x[i] * P[i][j] for i in range(N_FEATURES)) for j in range(N_FEATURES)]
         self.P = [

@@ -177,3 +177,16 @@ def test_unknown_transformer_is_refused() -> None:
 
     with pytest.raises(ValueError, match="unknown"):
         build_policy(["qos", "warp-drive"])
+
+
+def test_guard_keeps_a_minimum_background_chunk_when_the_model_says_nothing_fits() -> None:
+    slow = TickCost(a=500.0, b=3.0, c=3.0, d=0.0, samples=100)  # a slow moment of the machine
+    st = SchedulerState((view(1, Phase.PREFILL, "background", 1000),), EngineStats(cost=slow), NOW)
+    plan = LatencyGuard().apply(Plan((pre(1, 512),)), st, C)
+    assert plan.items[0].n_tokens == C.min_prefill_tokens
+
+
+def test_interactive_prompt_alone_is_not_chunked() -> None:
+    st = state(view(1, Phase.PREFILL, pending=400))
+    plan = LatencyGuard().apply(Plan((pre(1, 400, True),)), st, C)
+    assert plan.items[0] == pre(1, 400, True)
