@@ -77,7 +77,7 @@ def plot_gaps(run: RunDir, name: str, title: str, streams: Sequence[tuple[str, l
         if not ts:
             continue
         bg = label.startswith(BACKGROUND_LABELS)
-        name = label.split("-")[0] if bg else label
+        legend = label.split("-")[0] if bg else label
         style = (
             {"color": "0.6", "lw": 0.6, "markersize": 2, "alpha": 0.7, "zorder": 1}
             if bg
@@ -87,10 +87,10 @@ def plot_gaps(run: RunDir, name: str, title: str, streams: Sequence[tuple[str, l
             [t / 1000.0 for t in ts],
             gap,
             marker=".",
-            label=None if name in seen else name,
+            label=None if legend in seen else legend,
             **style,
         )
-        seen.add(name)
+        seen.add(legend)
     ax.set_yscale("log")
     ax.set_xlabel("time since run start (s)")
     ax.set_ylabel("inter-token gap (ms, log)")
