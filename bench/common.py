@@ -46,6 +46,12 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--n-batch", type=int, default=512)
     g.add_argument("--n-ubatch", type=int, default=512)
     g.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    g.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=0,
+        help="layers offloaded to the GPU by every started server (-1 = all; needs a GPU build)",
+    )
     g.add_argument("--umad-arg", action="append", default=[], help="extra umad flag (repeatable)")
     o = ap.add_argument_group("run")
     o.add_argument("--quick", action="store_true", help="a small run (smoke test, ~a minute)")
@@ -63,6 +69,7 @@ def shape_of(args: argparse.Namespace, overrides: dict | None = None) -> ServerS
         n_batch=args.n_batch,
         n_ubatch=args.n_ubatch,
         threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
         umad_args=list(args.umad_arg),
     )
     for k, v in (overrides or {}).items():

@@ -51,7 +51,8 @@ def scenario_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
     if name == "sweep" and args.levels:
         argv += ["--levels", args.levels]
     sargs = sub.parse_args(argv)
-    for k in ("model", "n_seq", "n_ctx", "n_batch", "n_ubatch", "threads", "umad_arg", "seed"):
+    shape_keys = ("model", "n_seq", "n_ctx", "n_batch", "n_ubatch", "threads", "n_gpu_layers")
+    for k in (*shape_keys, "umad_arg", "seed"):
         setattr(sargs, k, getattr(args, k))
     sargs.url = sargs.socket = None
     return sargs

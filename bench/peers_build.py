@@ -45,6 +45,10 @@ def sdist_dir() -> Path:
 
 
 def llama_server_bin() -> Path:
+    """The cached build, or UMA_LLAMA_SERVER: a llama-server built elsewhere (e.g. with CUDA)."""
+    prebuilt = os.environ.get("UMA_LLAMA_SERVER")
+    if prebuilt:
+        return Path(prebuilt)
     return cache_dir() / "bin" / "llama-server"
 
 

@@ -43,6 +43,7 @@ class ServerShape:
     n_batch: int = 512
     n_ubatch: int = 512
     threads: int = 0  # 0 = all cores
+    n_gpu_layers: int = 0  # -1 = all (a GPU build of llama.cpp)
     umad_args: list[str] = field(default_factory=list)
 
     @property
@@ -53,7 +54,8 @@ class ServerShape:
         return [
             "--model", self.model, "--n-seq", str(self.n_seq), "--n-ctx", str(self.n_ctx),
             "--n-batch", str(self.n_batch), "--n-ubatch", str(self.n_ubatch),
-            "--threads", str(self.n_threads), *self.umad_args,
+            "--threads", str(self.n_threads), "--n-gpu-layers", str(self.n_gpu_layers),
+            *self.umad_args,
         ]  # fmt: skip
 
     def llama_server_cmd(self, binary: str, port: int) -> list[str]:
@@ -61,6 +63,7 @@ class ServerShape:
             binary, "-m", self.model, "-c", str(self.n_ctx), "-np", str(self.n_seq),
             "-b", str(self.n_batch), "-ub", str(self.n_ubatch),
             "-t", str(self.n_threads), "-tb", str(self.n_threads),
+            "-ngl", str(self.n_gpu_layers),
             "--kv-unified", "--no-repack", "--no-webui",
             "--host", "127.0.0.1", "--port", str(port),
         ]  # fmt: skip
@@ -77,6 +80,7 @@ class ServerShape:
                 "n_ubatch": self.n_ubatch,
                 "threads": self.n_threads,
                 "threads_batch": self.n_threads,
+                "n_gpu_layers": self.n_gpu_layers,
                 "kv_unified": True,
                 "store_logits": False,
             },
