@@ -19,6 +19,7 @@ from uma_serve.clients import AsyncUmaClient
 from uma_serve.core import protocol as p
 
 PROMPT = "Write a long essay about the history of {topic}, with many details:"
+TICK_KEYS = ("decode_ms_ewma", "tick_overhead_ms_ewma", "served_decoders")
 TOPICS = ["bridges", "clocks", "maps", "ships", "paper", "glass", "music", "roads"] * 4
 
 
@@ -33,8 +34,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
 
 
-def bare_loop(runtime, n: int, tokens: int) -> float:
-    """Prefill n prompts, then decode n streams for ``tokens`` steps; return decode tokens/s."""
+def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) -> float:
+    """Prefill n prompts, then decode n streams for ``tokens`` steps; return decode tokens/s.
+    ``ticks`` (if given) gets (wall ms, decode ms) of each step."""
     from uma_serve.core.runtime import SamplingParams, Span
 
     prompts = [runtime.tokenize(PROMPT.format(topic=TOPICS[i])) for i in range(n)]
@@ -47,12 +49,16 @@ def bare_loop(runtime, n: int, tokens: int) -> float:
     pos = [len(x) for x in prompts]
     t0 = time.perf_counter()
     for _ in range(tokens):
+        t1 = time.perf_counter()
         rc, rows = runtime.decode([Span(i, pos[i], [nxt[i]], True) for i in range(n)])
+        t2 = time.perf_counter()
         assert rc == 0
         for i in range(n):
             pos[i] += 1
             nxt[i] = runtime.sample(samplers[i], rows[i])
             runtime.piece(nxt[i])
+        if ticks is not None:
+            ticks.append(((time.perf_counter() - t1) * 1e3, (t2 - t1) * 1e3))
     elapsed = time.perf_counter() - t0
     for s in samplers:
         s.free()
@@ -61,9 +67,23 @@ def bare_loop(runtime, n: int, tokens: int) -> float:
     return n * tokens / elapsed
 
 
-async def daemon_streams(socket: str, n: int, tokens: int) -> float:
-    """N concurrent streams over one connection each; tokens/s while all N decode."""
+async def daemon_streams(
+    socket: str, n: int, tokens: int, ticks: list[dict] | None = None
+) -> float:
+    """N concurrent streams over one connection each; tokens/s while all N decode.
+    ``ticks`` (if given) gets the daemon's tick figures (metrics snapshot: decode_ms_ewma,
+    tick_overhead_ms_ewma) polled while all N streams decode."""
     times: list[list[float]] = [[] for _ in range(n)]
+    done = asyncio.Event()
+
+    async def poll() -> None:
+        client = await AsyncUmaClient.connect(socket)
+        while not done.is_set():
+            await asyncio.sleep(0.1)
+            if all(times) and ticks is not None:  # every stream is decoding
+                m = await client.metrics()
+                ticks.append({k: m.get(k) for k in TICK_KEYS})
+        await client.close()
 
     async def one(i: int) -> None:
         client = await AsyncUmaClient.connect(socket)
@@ -79,7 +99,10 @@ async def daemon_streams(socket: str, n: int, tokens: int) -> float:
                 times[i].append(time.perf_counter())
         await client.close()
 
+    poller = asyncio.create_task(poll())
     await asyncio.gather(*(one(i) for i in range(n)))
+    done.set()
+    await poller
     start = max(t[0] for t in times)  # every stream has its first token: all are decoding
     end = min(t[-1] for t in times)  # until the first stream ends
     count = sum(sum(1 for x in t if start < x <= end) for t in times)
@@ -98,15 +121,30 @@ def run(args: argparse.Namespace) -> int:
     flags = ["--model", model, "--n-seq", str(args.n), "--n-ctx", str(args.n_ctx)]
     flags += ["--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]
     bare, daemon = [], []
+    bare_ticks: list[tuple[float, float]] = []
+    daemon_ticks: list[dict] = []
     bare_loop(runtime, args.n, 8)  # warm-up
     with BenchDaemon(*flags) as d:
         asyncio.run(daemon_streams(d.socket, args.n, 8))  # warm-up
         for r in range(args.rounds):
-            bare.append(bare_loop(runtime, args.n, args.tokens))
-            daemon.append(asyncio.run(daemon_streams(d.socket, args.n, args.tokens)))
+            bare.append(bare_loop(runtime, args.n, args.tokens, bare_ticks))
+            daemon.append(asyncio.run(daemon_streams(d.socket, args.n, args.tokens, daemon_ticks)))
             print(f"round {r + 1}: bare {bare[-1]:.1f} tok/s, daemon {daemon[-1]:.1f} tok/s")
     runtime.close()
     b, dm = statistics.median(bare), statistics.median(daemon)
+
+    def med(xs: list) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+
+    ticks = {
+        "bare_tick_ms": med([w for w, _ in bare_ticks]),
+        "bare_decode_ms": med([dd for _, dd in bare_ticks]),
+        "bare_overhead_ms": med([w - dd for w, dd in bare_ticks]),
+        "daemon_decode_ms_ewma": med([t["decode_ms_ewma"] for t in daemon_ticks]),
+        "daemon_tick_overhead_ms_ewma": med([t["tick_overhead_ms_ewma"] for t in daemon_ticks]),
+        "daemon_metric_samples": len(daemon_ticks),
+    }
     summary = {
         "scenario": "engine",
         "n": args.n,
@@ -118,10 +156,13 @@ def run(args: argparse.Namespace) -> int:
         "daemon_median": dm,
         "ratio": dm / b,
         "target_ratio": 0.95,
+        "n_gpu_layers": args.n_gpu_layers,
+        **ticks,
     }
     out = Path(args.out) / time.strftime("engine-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"engine N={args.n}: bare {b:.1f} tok/s, daemon {dm:.1f} tok/s, ratio {dm / b:.3f}")
+    print("per tick (medians, ms): " + ", ".join(f"{k} {v}" for k, v in ticks.items()))
     print(f"(target >= 0.95) summary: {out / 'summary.json'}")
     return 0
