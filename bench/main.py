@@ -19,6 +19,8 @@ SCENARIOS: dict[str, str] = {
     "engine": "engine",
     "calibrate": "calibrate",
     "peers": "peers",
+    "shared-prefix": "shared_prefix",
+    "repetitive": "repetitive",
 }
 
 

@@ -51,6 +51,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             # reusing a cached prefix needs the SWA layers' KV of every position it covers
             swa_full=prefix_cache,
             n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
+            shadow=prefix_cache,
         )
     )
     names = [n.strip() for n in config.policy.split(",") if n.strip()]

@@ -78,6 +78,14 @@ class EngineMetrics:
         self.bmt_budget = 0.0
         self.bg_decoders_cap = 0
         self.bg_burst = 1
+        self.prefix_cache_queries_total = 0
+        self.prefix_cache_hits_total = 0
+        self.prefix_cache_cached_tokens_total = 0
+        self.prefix_cache_resident_tokens = 0
+        self.prefix_cache_entries = 0
+        self.prefix_cache_evictions_total = 0
+        self.spec_drafted_tokens_total = 0
+        self.spec_accepted_tokens_total = 0
         self.ttft_ms = Histogram()
         self.inter_token_ms = Histogram()
         self.ttft_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
@@ -136,6 +144,17 @@ class EngineMetrics:
             "bmt_estimate_last": self.bmt_estimate_last,
             "bmt_budget": self.bmt_budget,
             "tuner": {"bg_decoders_cap": self.bg_decoders_cap, "bg_burst": self.bg_burst},
+            "prefix_cache_queries_total": self.prefix_cache_queries_total,
+            "prefix_cache_hits_total": self.prefix_cache_hits_total,
+            "prefix_cache_cached_tokens_total": self.prefix_cache_cached_tokens_total,
+            "prefix_cache_resident_tokens": self.prefix_cache_resident_tokens,
+            "prefix_cache_entries": self.prefix_cache_entries,
+            "prefix_cache_evictions_total": self.prefix_cache_evictions_total,
+            "spec_drafted_tokens_total": self.spec_drafted_tokens_total,
+            "spec_accepted_tokens_total": self.spec_accepted_tokens_total,
+            "spec_acceptance_rate": self.spec_accepted_tokens_total / self.spec_drafted_tokens_total
+            if self.spec_drafted_tokens_total
+            else 0.0,
             "histograms": {
                 "ttft_ms": self.ttft_ms.snapshot(),
                 "inter_token_ms": self.inter_token_ms.snapshot(),

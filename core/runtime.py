@@ -45,6 +45,11 @@ class RuntimeParams:
     n_gpu_layers: int = 0
     swa_full: bool = False
     kv_unified: bool = True
+    n_seq_cache: int = 0  # extra sequence ids that hold cached prefixes (prefix cache)
+    # Keep every cell of every sequence at two ids (its own and a shadow), so llama.cpp never
+    # recycles it: its SWA cache reuses a cell owned by ONE sequence once it falls out of that
+    # sequence's window, even with swa_full. A prefix that is reused later needs those cells.
+    shadow: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Span:
     pos: int
     tokens: list[int]
     logits: bool  # logits for the span's last token
+    all_logits: bool = False  # logits for every token (speculative verification)
 
 
 class Sampler:
@@ -136,7 +142,8 @@ class Runtime:
         cparams.n_ctx = params.n_ctx
         cparams.n_batch = params.n_batch
         cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
-        cparams.n_seq_max = params.n_seq
+        self._n_ids = params.n_seq + params.n_seq_cache
+        cparams.n_seq_max = self._n_ids * (2 if params.shadow else 1)
         threads = params.threads if params.threads > 0 else (os.cpu_count() or 1)
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.swa_full = params.swa_full
@@ -245,6 +252,8 @@ class Runtime:
 
         Returns (rc, batch index of each span's logits row or -1). rc 0 is success; rc 1
         means no KV slot for this batch: the caller shrinks the next one (a soft failure).
+        A span with ``all_logits`` has logits on every token; its entry is the first row (the
+        rows of its tokens are consecutive).
         """
         i = 0
         rows: list[int] = []
@@ -256,13 +265,22 @@ class Runtime:
             for ptr in self._seq_ptrs[i : i + n]:
                 ptr[0] = span.seq_id
             i += n
-            if span.logits:
+            if span.all_logits:
+                self._logits[i - n : i] = 1
+                rows.append(i - n)
+            elif span.logits:
                 self._logits[i - 1] = 1
                 rows.append(i - 1)
             else:
                 rows.append(-1)
         self._batch.n_tokens = i
         rc = ll.llama_decode(self.ctx, self._batch)
+        if rc == 0 and self.params.shadow:
+            for span in spans:
+                shadow = span.seq_id + self._n_ids
+                ll.llama_memory_seq_cp(
+                    self.memory, span.seq_id, shadow, span.pos, span.pos + len(span.tokens)
+                )
         return rc, rows
 
     def logits_row(self, row: int) -> np.ndarray:
@@ -281,9 +299,20 @@ class Runtime:
 
     def seq_clear(self, seq_id: int) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        if self.params.shadow:
+            ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, -1, -1)
 
     def seq_trim(self, seq_id: int, from_pos: int) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)
+        if self.params.shadow:
+            ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, from_pos, -1)
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        """Positions [0, n) of ``src`` also become ``dst``'s. In a unified KV cache this tags
+        the same cells with one more sequence id: no copy, no compute."""
+        ll.llama_memory_seq_cp(self.memory, src, dst, 0, n)
+        if self.params.shadow:
+            ll.llama_memory_seq_cp(self.memory, src, dst + self._n_ids, 0, n)
 
     def seq_pos_max(self, seq_id: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq_id)

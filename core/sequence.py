@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Phase, SessionView
+from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.runtime import Sampler
 from uma_serve.core.sampling import TokenSampler
 from uma_serve.core.textstream import TextStream
@@ -30,6 +31,12 @@ class Sequence:
     last_token_ns: int | None = None
     last_progress_ns: int = 0
     burst: int = 0  # consecutive ticks decoded
+    out: list[int] = field(default_factory=list)  # emitted token ids (the KV holds prompt + out)
+    ngrams: NgramIndex | None = None  # prompt-lookup drafting index (spec on)
+    draft: tuple[int, ...] = ()  # this tick's proposal, shown to the policy
+    spec_accept_ewma: float = 1.0
+    cached_from: int | None = None  # prefix cache entry its leading KV was copied from
+    cached_tokens: int = 0  # how many leading positions came from the prefix cache
     text: TextStream = field(init=False)
     parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
 
@@ -62,7 +69,16 @@ class Sequence:
             last_token_ns=self.last_token_ns,
             last_progress_ns=self.last_progress_ns,
             burst=self.burst,
+            draft=self.draft,
+            spec_accept_ewma=self.spec_accept_ewma,
         )
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose KV this sequence holds, in position order."""
+        n = self.n_past
+        if n <= len(self.prompt):
+            return self.prompt[:n]
+        return self.prompt + self.out[: n - len(self.prompt)]
 
     def token_event(self, text: str, token_id: int) -> p.TokenEvent | None:
         """The event for newly released text (None when not streaming: kept for the end)."""

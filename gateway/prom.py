@@ -66,6 +66,15 @@ GAUGES = {
     "kv_cells_used": ("uma_kv_cells_used", "KV cache cells in use."),
     "kv_cells_total": ("uma_kv_cells_total", "KV cache cells in total."),
     "uptime_s": ("uma_core_uptime_seconds", "Seconds since the core started."),
+    "prefix_cache_resident_tokens": (
+        "uma_prefix_cache_resident_tokens",
+        "KV cells held by the prefix cache (cells shared between entries counted once).",
+    ),
+    "prefix_cache_entries": ("uma_prefix_cache_entries", "Cached prefixes resident."),
+    "spec_acceptance_rate": (
+        "uma_spec_acceptance_rate",
+        "Accepted / drafted tokens of speculative decoding since start.",
+    ),
 }
 # snapshot key -> (counter name, help)
 COUNTERS = {
@@ -76,6 +85,30 @@ COUNTERS = {
     "ticks_over_budget_total": (
         "uma_ticks_over_budget_total",
         "Ticks whose decode time passed the budget the guard planned for.",
+    ),
+    "prefix_cache_queries_total": (
+        "uma_prefix_cache_queries_total",
+        "Admitted requests looked up in the prefix cache.",
+    ),
+    "prefix_cache_hits_total": (
+        "uma_prefix_cache_hits_total",
+        "Admitted requests that reused a cached prefix.",
+    ),
+    "prefix_cache_cached_tokens_total": (
+        "uma_prefix_cache_cached_tokens_total",
+        "Prompt tokens whose KV came from the prefix cache instead of prefill.",
+    ),
+    "prefix_cache_evictions_total": (
+        "uma_prefix_cache_evictions_total",
+        "Times the whole prefix cache was dropped because running sequences needed the KV.",
+    ),
+    "spec_drafted_tokens_total": (
+        "uma_spec_drafted_tokens_total",
+        "Prompt-lookup draft tokens verified by speculative decoding.",
+    ),
+    "spec_accepted_tokens_total": (
+        "uma_spec_accepted_tokens_total",
+        "Draft tokens accepted (identical to what the model sampled).",
     ),
 }
 

@@ -8,6 +8,7 @@ from uma_serve.core.policy.baseline import BaselinePolicy
 from uma_serve.core.policy.bmt import BmtGuard
 from uma_serve.core.policy.latency_guard import LatencyGuard
 from uma_serve.core.policy.qos import QosLanes
+from uma_serve.core.policy.spec import SpeculativeDecode
 from uma_serve.core.policy.state import (
     Constraints,
     IBatchPolicy,
@@ -16,7 +17,12 @@ from uma_serve.core.policy.state import (
     SchedulerState,
 )
 
-TRANSFORMERS: dict[str, type] = {"qos": QosLanes, "latency": LatencyGuard, "bmt": BmtGuard}
+TRANSFORMERS: dict[str, type] = {
+    "qos": QosLanes,
+    "spec": SpeculativeDecode,  # before the guards, so they budget the drafted tokens
+    "latency": LatencyGuard,
+    "bmt": BmtGuard,
+}
 
 
 class PolicyPipeline:

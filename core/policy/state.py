@@ -33,6 +33,8 @@ class SessionView:
     last_token_ns: int | None = None
     last_progress_ns: int = 0  # last tick that advanced it (prefill chunk or token)
     burst: int = 0  # consecutive ticks it was served (0: parked last tick)
+    draft: tuple[int, ...] = ()  # prompt-lookup proposal after the pending token (spec)
+    spec_accept_ewma: float = 1.0  # share of verified draft tokens accepted, smoothed
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +89,17 @@ class Constraints:
     # ΣBMT guard (off when None)
     bmt_budget_gbs: float | None = None
     model: ModelFacts = ModelFacts()
+    # SpeculativeDecode (off when spec_max_draft is 0)
+    spec_max_draft: int = 0  # drafted tokens verified per stream per tick at most
+    spec_max_streams: int = 2  # draft only while at most this many streams decode
 
 
 @dataclass(frozen=True, slots=True)
 class BatchItem:
     seq_id: int
     phase: Phase
-    n_tokens: int
-    logits: bool  # logits wanted for the item's last token
+    n_tokens: int  # a DECODE item: 1 (the pending token) + drafted tokens to verify
+    logits: bool  # logits wanted for the item's last token (every token of a drafted decode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +146,10 @@ def plan_shape(items: tuple[BatchItem, ...], views: dict[int, SessionView]) -> T
     kv = 0.0
     for item in items:
         past = views[item.seq_id].n_past
-        if item.phase is Phase.DECODE:
+        if item.phase is Phase.DECODE:  # drafted tokens cost like prompt tokens
             decode += 1
-            kv += past + 1
+            prefill += item.n_tokens - 1
+            kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)
         else:
             prefill += item.n_tokens
             kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)

@@ -1,0 +1,109 @@
+"""shared-prefix: N sessions share one long system prompt (~1,500 tokens) with unique questions.
+
+TTFT of the question alone (no system prompt) is the reference; then one cold request with the
+system prompt, then N warm requests sequentially and N with 4 in flight. With the prefix cache
+the warm requests only prefill their question: the targets are warm TTFT <= 1.2x the question
+alone, sequentially and concurrently (compared with the question alone at the same concurrency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from uma_serve.bench import common
+from uma_serve.bench.report import RunDir
+from uma_serve.bench.targets import RequestResult, RequestSpec, Target
+from uma_serve.bench.workloads import Workload
+
+NAME = "shared-prefix"
+KEY_METRICS = [
+    ("ttft_cold_ms", "lower"),
+    ("ttft_alone_seq_p50_ms", "lower"),
+    ("ttft_warm_seq_p50_ms", "lower"),
+    ("warm_over_alone_seq", "lower"),
+    ("ttft_alone_conc_p50_ms", "lower"),
+    ("ttft_warm_conc_p50_ms", "lower"),
+    ("warm_over_alone_conc", "lower"),
+]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    common.add_common(ap)
+    ap.add_argument("--sessions", type=int, help="sessions per phase (default 8, quick 4)")
+    ap.add_argument("--system-tokens", type=int, help="system prompt (default 1500, quick 600)")
+    ap.add_argument("--concurrency", type=int, default=4, help="in flight in the concurrent phase")
+    ap.add_argument("--max-tokens", type=int, default=8, help="tokens per answer (default 8)")
+
+
+def system_prompt(wl: Workload, n_tokens: int) -> str:
+    return (
+        f"System {wl.seed}. You are the assistant of a travel agency. Follow these notes.\n"
+        f"{wl.words(n_tokens - 20)}\n\n"
+    )
+
+
+def question(wl: Workload, i: int) -> str:
+    return f"Question {wl.seed}-{i}: {wl.words(24)}?\nAnswer:"
+
+
+def _ttfts(results: list[RequestResult]) -> list[float]:
+    return [r.token_ms[0] for r in results if r.ok and r.token_ms]
+
+
+def _p50(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    wl = Workload(args.seed)
+    n = args.sessions or (4 if args.quick else 8)
+    sys_tokens = args.system_tokens or (600 if args.quick else 1500)
+    system = system_prompt(wl, sys_tokens)
+
+    def spec(prompt: str, tag: str) -> RequestSpec:
+        return RequestSpec(prompt, args.max_tokens, temperature=0.0, tag=tag)
+
+    conc = args.concurrency
+    phases: dict[str, list[RequestResult]] = {}
+    qs = [question(wl, i) for i in range(4 * n + 1)]
+    phases["alone_seq"], _ = await common.run_concurrent(
+        target, [spec(q, "alone") for q in qs[:n]], 1, "alone, sequential"
+    )
+    phases["alone_conc"], _ = await common.run_concurrent(
+        target, [spec(q, "alone") for q in qs[n : 2 * n]], conc, "alone, concurrent"
+    )
+    phases["cold"], _ = await common.run_concurrent(
+        target, [spec(system + qs[2 * n], "cold")], 1, "cold"
+    )
+    phases["warm_seq"], _ = await common.run_concurrent(
+        target, [spec(system + q, "warm") for q in qs[2 * n + 1 : 3 * n + 1]], 1, "warm, sequential"
+    )
+    phases["warm_conc"], dt = await common.run_concurrent(
+        target, [spec(system + q, "warm") for q in qs[3 * n + 1 :]], conc, "warm, concurrent"
+    )
+    out: dict = {"sessions": n, "concurrency": conc}
+    rows = []
+    for name, results in phases.items():
+        t = _ttfts(results)
+        out[f"ttft_{name}_p50_ms"] = _p50(t)
+        rows += [[name, i, r.prompt_tokens, r.token_ms[0] if r.token_ms else None]
+                 for i, r in enumerate(results)]  # fmt: skip
+    out["ttft_cold_ms"] = out.pop("ttft_cold_p50_ms")
+    out["system_prompt_tokens"] = (phases["cold"][0].prompt_tokens or 0) - (
+        phases["alone_seq"][0].prompt_tokens or 0
+    )
+    for mode in ("seq", "conc"):
+        warm, alone = out[f"ttft_warm_{mode}_p50_ms"], out[f"ttft_alone_{mode}_p50_ms"]
+        out[f"warm_over_alone_{mode}"] = warm / alone if warm and alone else None
+    run.write_csv("ttft.csv", ["phase", "request", "prompt_tokens", "ttft_ms"], rows)
+    everything = [r for results in phases.values() for r in results]
+    out["failed"] = sum(1 for r in everything if not r.ok)
+    out["errors"] = common.errors(everything)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    return common.run_scenario(args, sys.modules[__name__])

@@ -1,0 +1,185 @@
+"""Prefix cache index: which cached KV prefix best serves a new prompt, and what to evict.
+
+Pure bookkeeping over token ids; the engine owns the KV and applies the decisions
+(``llama_memory_seq_cp`` into the new sequence, ``seq_rm`` of evicted entries).
+
+Each entry is a token list whose KV sits in the context under the entry's own *cache sequence
+id* (the context has ``n_seq`` working ids plus ``slots`` cache ids). The index is a hashed
+block chain: block i of a token list (``BLOCK`` tokens) is keyed by a hash chained over blocks
+0..i, so a prompt's longest cached prefix is found by walking its own chain (one dict lookup
+per block) and then comparing at most one block of tokens; the match is verified token by token
+before it is used, so a hash collision can never serve wrong KV.
+
+Resident size: in a unified KV cache a ``seq_cp`` only tags cells with another id, so an entry
+built on top of an earlier entry's prefix shares those cells. Each entry remembers its parent
+and how many leading cells it shares with it; resident tokens count shared cells once. Entries
+are evicted least recently used when over the token budget or out of cache ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+BLOCK = 32  # tokens per hashed block
+MIN_STORE = 16  # shorter finished sequences are not worth an entry
+
+
+def block_hashes(tokens: Sequence[int], n_blocks: int | None = None) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens`` (the first ``n_blocks`` at most)."""
+    out: list[int] = []
+    h = 0
+    n = len(tokens) // BLOCK if n_blocks is None else min(n_blocks, len(tokens) // BLOCK)
+    for i in range(n):
+        h = hash((h, tuple(tokens[i * BLOCK : (i + 1) * BLOCK])))
+        out.append(h)
+    return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    n = min(len(a), len(b))
+    i = start
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Entry:
+    cache_id: int  # the sequence id that holds this entry's KV
+    tokens: list[int]
+    hashes: list[int]
+    last_used: int
+    parent: int | None = None  # cache id of the entry whose leading cells it shares
+    shared: int = 0  # how many leading cells it shares with the parent
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class StorePlan:
+    """What the engine does to store a finished sequence: clear ``evict`` ids (in order), then
+    copy the sequence's first ``len(entry)`` positions into ``entry.cache_id`` (if entry)."""
+
+    entry: Entry | None
+    evict: list[int] = field(default_factory=list)
+
+
+class PrefixIndex:
+    def __init__(self, cache_ids: Sequence[int], budget_tokens: int) -> None:
+        self.free_ids = list(cache_ids)
+        self.budget = budget_tokens
+        self.entries: dict[int, Entry] = {}
+        self._by_hash: dict[int, set[int]] = {}
+        self._clock = 0
+
+    # ---- queries ----
+
+    @property
+    def resident_tokens(self) -> int:
+        """KV cells held only by the cache (cells shared with a resident parent counted once)."""
+        return sum(
+            len(e) - (e.shared if e.parent in self.entries else 0) for e in self.entries.values()
+        )
+
+    def lookup(self, tokens: Sequence[int]) -> tuple[Entry | None, int]:
+        """The entry with the longest common prefix with ``tokens``, and that length."""
+        if not self.entries:
+            return None, 0
+        candidates: set[int] = set(self.entries)
+        depth = 0
+        for h in block_hashes(tokens):
+            hit = self._by_hash.get(h)
+            if not hit:
+                break
+            candidates, depth = hit, depth + 1
+        best, best_n = None, 0
+        for cid in candidates:
+            e = self.entries[cid]
+            n = common_prefix(e.tokens, tokens, depth * BLOCK)
+            if n > best_n or (n == best_n and best is not None and e.last_used > best.last_used):
+                best, best_n = e, n
+        if best is None or best_n == 0:
+            return None, 0
+        if list(best.tokens[:best_n]) != list(tokens[:best_n]):  # a hash collision: no reuse
+            return None, 0
+        return best, best_n
+
+    def touch(self, entry: Entry) -> None:
+        self._clock += 1
+        entry.last_used = self._clock
+
+    # ---- updates ----
+
+    def plan_store(self, tokens: Sequence[int], parent: int | None, shared: int) -> StorePlan:
+        """Decide how to keep ``tokens`` (a finished sequence's KV) and apply it to the index.
+
+        ``parent``/``shared``: the entry the sequence's leading ``shared`` cells were copied
+        from at admission (None/0 if it computed its KV itself)."""
+        tokens = list(tokens)
+        if len(tokens) < MIN_STORE or len(tokens) > self.budget:
+            return StorePlan(None)
+        existing, n = self.lookup(tokens)
+        if existing is not None and n == len(tokens):  # already cached (maybe inside a longer one)
+            self.touch(existing)
+            return StorePlan(None)
+        evict: list[int] = []
+        # entries that are prefixes of the new one are superseded by it
+        for e in list(self.entries.values()):
+            if len(e) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e):
+                if e.cache_id == parent:
+                    parent, shared = e.parent, min(shared, e.shared) if e.parent is not None else 0
+                evict.append(self._remove(e.cache_id))
+        if parent not in self.entries:
+            parent, shared = None, 0
+        # make room: an id, and the budget (the new entry adds its unshared cells)
+        own = len(tokens) - shared
+        while self.entries and (not self.free_ids or self.resident_tokens + own > self.budget):
+            victim = min(self.entries.values(), key=lambda e: e.last_used)
+            if victim.cache_id == parent:
+                parent, shared = victim.parent, min(shared, victim.shared)
+                if parent is None:
+                    shared = 0
+                own = len(tokens) - shared
+            evict.append(self._remove(victim.cache_id))
+        if not self.free_ids:
+            return StorePlan(None, evict)
+        entry = Entry(
+            self.free_ids.pop(), tokens, block_hashes(tokens), 0, parent, shared if parent else 0
+        )
+        if entry.parent is None:
+            entry.shared = 0
+        self.touch(entry)
+        self.entries[entry.cache_id] = entry
+        for h in entry.hashes:
+            self._by_hash.setdefault(h, set()).add(entry.cache_id)
+        return StorePlan(entry, evict)
+
+    def evict_lru(self) -> int | None:
+        """Drop the least recently used entry (the engine clears its id); None if empty."""
+        if not self.entries:
+            return None
+        victim = min(self.entries.values(), key=lambda e: e.last_used)
+        return self._remove(victim.cache_id)
+
+    def clear(self) -> list[int]:
+        ids = list(self.entries)
+        for cid in ids:
+            self._remove(cid)
+        return ids
+
+    def _remove(self, cache_id: int) -> int:
+        e = self.entries.pop(cache_id)
+        for h in e.hashes:
+            ids = self._by_hash.get(h)
+            if ids is not None:
+                ids.discard(cache_id)
+                if not ids:
+                    del self._by_hash[h]
+        for child in self.entries.values():  # children now share only what e shared upstream
+            if child.parent == cache_id:
+                child.parent = e.parent
+                child.shared = min(child.shared, e.shared) if e.parent is not None else 0
+        self.free_ids.append(cache_id)
+        return cache_id

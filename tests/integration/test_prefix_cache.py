@@ -1,0 +1,131 @@
+"""Prefix cache with the real model: a cache hit gives the same greedy output as no cache.
+
+One daemon with the cache (a small budget, so entries are evicted during the module) and one
+without; prompts share system prompts longer than Gemma 3's 512-token sliding window, so a
+reused prefix is only right if the SWA layers kept every position (swa_full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from uma_serve.clients import AsyncUmaClient
+from uma_serve.core import protocol as p
+
+from .helpers import Daemon, gen, start_daemon
+
+FACTS = [
+    "The lighthouse keeper logs the weather every morning at six.",
+    "Ships that pass the northern reef must signal twice.",
+    "The archive stores maps drawn by hand since the old harbour opened.",
+    "Visitors may climb the tower on Sundays when the sea is calm.",
+    "The lamp was converted from oil to electricity many years ago.",
+    "Fog horns sound every thirty seconds when visibility drops.",
+    "The keeper's cottage has a garden of herbs and a small orchard.",
+    "Supply boats arrive on the first day of each month.",
+]
+
+
+def system_prompt(name: str, sentences: int = 60) -> str:
+    body = " ".join(FACTS[(i * 3 + len(name)) % len(FACTS)] for i in range(sentences))
+    return f"You are {name}, the assistant of the lighthouse. Rules and facts:\n{body}\n"
+
+
+SYS_A = system_prompt("Ada")
+SYS_B = system_prompt("Bea")
+QUESTIONS = [f"Question {i}: what happens on day {i + 1} of the month?\nAnswer:" for i in range(8)]
+MAX_TOKENS = 12
+
+
+def _daemon(tmp: str, *extra: str) -> Daemon:
+    return start_daemon(
+        Path(tmp), "--n-seq", "4", "--n-ctx", "8192", "--seed", "7", "--spec-draft", "0", *extra
+    )
+
+
+@pytest.fixture(scope="module")
+def cached() -> Iterator[Daemon]:
+    with tempfile.TemporaryDirectory(prefix="uma-pc-") as tmp:
+        # ~1.6 prompts' worth of budget: storing a second system prompt evicts the first
+        d = _daemon(tmp, "--prefix-cache-tokens", "1400", "--prefix-cache-slots", "6")
+        yield d
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[Daemon]:
+    with tempfile.TemporaryDirectory(prefix="uma-pc0-") as tmp:
+        d = _daemon(tmp, "--prefix-cache-tokens", "0")
+        yield d
+        d.stop()
+
+
+def complete(d: Daemon, prompt: str) -> str:
+    with d.client() as c:
+        done = c.complete(gen(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, stream=False))
+    assert isinstance(done, p.CompletionEvent), done
+    return done.text
+
+
+async def _concurrent(d: Daemon, prompts: list[str]) -> list[str]:
+    client = await AsyncUmaClient.connect(d.socket)
+    try:
+        reqs = [gen(q, max_tokens=MAX_TOKENS, ignore_eos=True, stream=False) for q in prompts]
+        done = await asyncio.gather(*(client.complete(r) for r in reqs))
+    finally:
+        await client.close()
+    return [e.text for e in done]  # type: ignore[union-attr]
+
+
+def test_later_request_reuses_the_prefix(cached: Daemon, plain: Daemon) -> None:
+    complete(cached, SYS_A + QUESTIONS[0])  # warms the cache
+    before = cached.metrics()
+    warm = complete(cached, SYS_A + QUESTIONS[1])
+    after = cached.metrics()
+    assert after["prefix_cache_hits_total"] == before["prefix_cache_hits_total"] + 1
+    reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
+    assert reused > 512  # beyond the sliding window
+    assert after["prefix_cache_resident_tokens"] > 0
+    assert warm == complete(plain, SYS_A + QUESTIONS[1])
+
+
+def test_four_concurrent_requests_share_the_prefix(cached: Daemon, plain: Daemon) -> None:
+    complete(cached, SYS_A + QUESTIONS[0])
+    prompts = [SYS_A + q for q in QUESTIONS[2:6]]
+    before = cached.metrics()["prefix_cache_hits_total"]
+    got = asyncio.run(_concurrent(cached, prompts))
+    assert cached.metrics()["prefix_cache_hits_total"] >= before + 4
+    assert got == [complete(plain, q) for q in prompts]
+
+
+def test_eviction_under_a_small_budget_keeps_outputs_right(cached: Daemon, plain: Daemon) -> None:
+    order = [SYS_B + QUESTIONS[0], SYS_A + QUESTIONS[6], SYS_B + QUESTIONS[1], SYS_A + QUESTIONS[7]]
+    got = [complete(cached, q) for q in order]
+    m = cached.metrics()
+    assert m["prefix_cache_resident_tokens"] <= 1400
+    assert got == [complete(plain, q) for q in order]
+
+
+def test_a_cancelled_requests_prefix_stays_usable(cached: Daemon, plain: Daemon) -> None:
+    sys_c = system_prompt("Cyd")
+    with cached.client() as c:
+        req = gen(sys_c + QUESTIONS[0], max_tokens=200, ignore_eos=True)
+        for event in c.stream(req):
+            if isinstance(event, p.TokenEvent):
+                c.send(p.Cancel(id=req.id))
+                break
+        for event in iter(c.read_event, None):
+            if isinstance(event, p.EosEvent):
+                assert event.reason in ("cancelled", "length")
+                break
+    before = cached.metrics()
+    text = complete(cached, sys_c + QUESTIONS[3])
+    after = cached.metrics()
+    reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
+    assert reused > 512
+    assert text == complete(plain, sys_c + QUESTIONS[3])

@@ -1,0 +1,131 @@
+"""Prefix cache index, prompt-lookup drafting and the SpeculativeDecode transformer."""
+
+from __future__ import annotations
+
+from uma_serve.core.policy import (
+    BatchItem,
+    Constraints,
+    EngineStats,
+    Phase,
+    Plan,
+    SchedulerState,
+    SessionView,
+    plan_shape,
+)
+from uma_serve.core.policy.pipeline import build_policy
+from uma_serve.core.policy.prefix import BLOCK, PrefixIndex
+from uma_serve.core.policy.spec import NgramIndex, SpeculativeDecode, draft_length
+
+SYS = list(range(1000, 1000 + 3 * BLOCK + 5))  # a shared "system prompt"
+
+
+def test_lookup_finds_the_longest_common_prefix() -> None:
+    idx = PrefixIndex([10, 11, 12], budget_tokens=10_000)
+    a = idx.plan_store(SYS + [1, 2, 3], None, 0).entry
+    b = idx.plan_store(SYS[:50] + [7, 7], None, 0).entry
+    assert a is not None and b is not None and a.cache_id != b.cache_id
+    entry, n = idx.lookup(SYS + [9])
+    assert entry is a and n == len(SYS)
+    entry, n = idx.lookup(SYS[:50] + [7, 7, 7])
+    assert entry is b and n == 52
+    entry, n = idx.lookup(SYS[:5])
+    assert n == 5
+    assert idx.lookup([1, 2, 3]) == (None, 0)
+
+
+def test_a_prefix_of_an_entry_is_not_stored_again_and_an_extension_supersedes() -> None:
+    idx = PrefixIndex([10, 11], budget_tokens=10_000)
+    first = idx.plan_store(SYS, None, 0).entry
+    assert idx.plan_store(SYS[:40], None, 0).entry is None  # already inside the first
+    plan = idx.plan_store(SYS + [5, 6], first.cache_id, len(SYS))
+    assert plan.evict == [first.cache_id] and plan.entry is not None
+    assert list(idx.entries) == [plan.entry.cache_id]
+    assert idx.resident_tokens == len(SYS) + 2
+
+
+def test_shared_cells_are_counted_once_and_lru_eviction_keeps_the_budget() -> None:
+    idx = PrefixIndex([10, 11, 12, 13], budget_tokens=len(SYS) + 40)
+    base = idx.plan_store(SYS + [1], None, 0).entry
+    child = idx.plan_store(SYS + [2, 2], base.cache_id, len(SYS)).entry
+    assert child.parent == base.cache_id
+    assert idx.resident_tokens == len(SYS) + 1 + 2  # the shared system prompt once
+    idx.touch(base)
+    # an unrelated long entry must evict LRU entries to fit
+    other = list(range(5000, 5000 + len(SYS)))
+    plan = idx.plan_store(other, None, 0)
+    assert plan.entry is not None and child.cache_id in plan.evict
+    assert idx.resident_tokens <= idx.budget
+
+
+def test_evicting_a_parent_makes_its_childs_cells_its_own() -> None:
+    idx = PrefixIndex([10, 11], budget_tokens=10_000)
+    base = idx.plan_store(SYS + [1], None, 0).entry
+    child = idx.plan_store(SYS + [2], base.cache_id, len(SYS)).entry
+    assert idx.evict_lru() == base.cache_id
+    assert child.parent is None and child.shared == 0
+    assert idx.resident_tokens == len(child)
+
+
+def test_out_of_ids_evicts_the_least_recently_used() -> None:
+    idx = PrefixIndex([10], budget_tokens=10_000)
+    a = idx.plan_store(SYS, None, 0).entry
+    plan = idx.plan_store(list(range(50, 100)), None, 0)
+    assert plan.evict == [a.cache_id] and plan.entry.cache_id == a.cache_id
+
+
+def test_too_short_or_too_long_is_not_stored() -> None:
+    idx = PrefixIndex([10], budget_tokens=100)
+    assert idx.plan_store([1, 2, 3], None, 0).entry is None
+    assert idx.plan_store(list(range(200)), None, 0).entry is None
+
+
+def test_ngram_drafts_what_followed_the_last_occurrence() -> None:
+    ng = NgramIndex([1, 2, 3, 4, 5, 6, 9, 1, 2])
+    assert ng.draft(3) == (3, 4, 5)
+    ng.append(3)
+    assert ng.draft(2) == (4, 5)
+    ng.append(8)  # never seen: no draft
+    assert ng.draft(4) == ()
+
+
+def test_draft_length_follows_acceptance_and_probes_when_low() -> None:
+    assert draft_length(1.0, 6, 10, tick=1) == 6
+    assert draft_length(1.0, 6, 3, tick=1) == 3
+    assert 1 <= draft_length(0.4, 6, 10, tick=1) < 6
+    assert draft_length(0.1, 6, 10, tick=1) == 0
+    assert draft_length(0.1, 6, 10, tick=8) == 2
+
+
+def _view(seq_id: int, draft: tuple[int, ...] = (), qos: str = "interactive") -> SessionView:
+    return SessionView(seq_id, Phase.DECODE, qos, 10, 100, 0, 5, 0, draft=draft)
+
+
+def _state(*views: SessionView) -> SchedulerState:
+    return SchedulerState(sessions=views, stats=EngineStats(tick=1), now_ns=0)
+
+
+C = Constraints(n_batch=64, tick_budget_ms=1e9, spec_max_draft=4, spec_max_streams=2)
+
+
+def test_spec_extends_a_lone_decoder_with_its_draft() -> None:
+    plan = Plan(items=(BatchItem(0, Phase.DECODE, 1, True),))
+    out = SpeculativeDecode().apply(plan, _state(_view(0, (5, 6, 7, 8, 9))), C)
+    assert out.items[0].n_tokens == 5
+    shape = plan_shape(out.items, {0: _view(0)})
+    assert shape.decode == 1 and shape.prefill == 4
+
+
+def test_spec_backs_off_under_load_and_when_off() -> None:
+    views = [_view(i, (5, 6)) for i in range(3)]
+    plan = Plan(items=tuple(BatchItem(i, Phase.DECODE, 1, True) for i in range(3)))
+    assert SpeculativeDecode().apply(plan, _state(*views), C) == plan
+    one = Plan(items=(BatchItem(0, Phase.DECODE, 1, True),))
+    off = Constraints(n_batch=64, tick_budget_ms=1e9, spec_max_draft=0)
+    assert SpeculativeDecode().apply(one, _state(views[0]), off) == one
+
+
+def test_spec_is_a_pipeline_transformer() -> None:
+    policy = build_policy(["qos", "spec", "latency"])
+    state = _state(_view(0, (5, 6, 7)))
+    plan = policy.schedule_tick(state, C)
+    assert plan.items[0].n_tokens == 4
