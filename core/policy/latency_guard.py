@@ -53,10 +53,11 @@ class LatencyGuard:
         kept = [i for i in plan.items if i.phase is Phase.DECODE and interactive(i)]
         # new interactive prompts: in chunks that fit the stretch while other interactive
         # streams decode; as fast as the base plan allows when none does
-        stretch = (c.slo_ttft_ms or c.bg_tick_ms) if kept else float("inf")
+        decoding = bool(kept)
+        stretch = c.slo_ttft_ms or c.bg_tick_ms
         for item in plan.items:
             if item.phase is Phase.PREFILL and interactive(item):
-                fits = room(kept, stretch) if kept else item.n_tokens
+                fits = room(kept, stretch) if decoding else item.n_tokens
                 n = min(item.n_tokens, max(fits, 1))
                 pending = views[item.seq_id].pending_prefill
                 kept.append(replace(item, n_tokens=n, logits=n == pending))

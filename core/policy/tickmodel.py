@@ -41,7 +41,7 @@ class TickCost:
         base = self.predict(TickShape(decode, 0, kv_k))
         if base > budget_ms:
             return 0
-        return int((budget_ms - base) / max(self.c, 1e-3))
+        return int(min((budget_ms - base) / max(self.c, 1e-3), 1 << 30))
 
 
 class OnlineTickModel:

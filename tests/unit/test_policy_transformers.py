@@ -190,3 +190,13 @@ def test_interactive_prompt_alone_is_not_chunked() -> None:
     st = state(view(1, Phase.PREFILL, pending=400))
     plan = LatencyGuard().apply(Plan((pre(1, 400, True),)), st, C)
     assert plan.items[0] == pre(1, 400, True)
+
+
+def test_two_new_interactive_prompts_alone_are_not_chunked() -> None:
+    st = state(view(1, Phase.PREFILL, pending=40), view(2, Phase.PREFILL, pending=30))
+    plan = LatencyGuard().apply(Plan((pre(2, 30, True), pre(1, 40, True))), st, C)
+    assert [(i.seq_id, i.n_tokens) for i in plan.items] == [(2, 30), (1, 40)]
+
+
+def test_infinite_budget_is_safe() -> None:
+    assert COST.prefill_that_fits(1, 0.0, float("inf")) == 1 << 30
