@@ -153,12 +153,21 @@ class Engine:
                     return
                 self._admit()
                 if self._running:
-                    self.step()
+                    try:
+                        self.step()
+                    except Exception:  # a bug costs the running requests, not the daemon
+                        log.exception("tick failed: ending the running requests")
+                        self._fail_running("internal error in the engine tick")
                 self._flush()
         except Exception:
             log.exception("engine thread crashed")
             self._drain("engine failure", reason="error")
             raise
+
+    def _fail_running(self, message: str) -> None:
+        now = time.monotonic_ns()
+        for seq in list(self._running.values()):
+            self._fail(seq, p.E_RUNTIME, message, now)
 
     def _apply(self, ops: list[tuple[str, object]]) -> None:
         for op, arg in ops:
