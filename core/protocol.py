@@ -154,7 +154,7 @@ class MetricsEvent(msgspec.Struct, tag_field="event", tag="metrics"):
 
 class HealthEvent(msgspec.Struct, tag_field="event", tag="health"):
     id: str | None
-    status: Literal["ok", "draining"]
+    status: Literal["ok", "draining", "error"]
     active_sessions: int
     waiting_sessions: int
 

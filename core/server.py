@@ -170,7 +170,7 @@ class CoreServer:
                 self._send(conn, p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
             case p.HealthRequest(id=rid):
                 m = self.engine.metrics
-                status = "draining" if self.draining else "ok"
+                status = "draining" if self.draining else "ok" if self.engine.alive else "error"
                 self._send(conn, p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
             case p.InfoRequest(id=rid):
                 self._send(conn, self.info(rid))
@@ -179,6 +179,8 @@ class CoreServer:
         c = self.config
         if self.draining:
             return p.E_SHUTDOWN, "the daemon is shutting down"
+        if not self.engine.alive:
+            return p.E_RUNTIME, "the engine has stopped (see the daemon log): restart umad"
         if req.id in conn.inflight:
             return p.E_DUP_ID, f"request id {req.id!r} is already in flight on this connection"
         if sum(len(x.inflight) for x in self.connections.values()) >= c.max_sessions:

@@ -266,7 +266,11 @@ async def health(request: Request) -> Response:
         "core": {"active_sessions": h.active_sessions, "waiting_sessions": h.waiting_sessions},
     }
     if h.status != "ok":
-        body["reason"] = "the core is draining (shutting down)"
+        body["reason"] = (
+            "the core is draining (shutting down)"
+            if h.status == "draining"
+            else "the core's engine has stopped: restart umad"
+        )
         return JSONResponse(body, status_code=503)
     return JSONResponse(body)
 
