@@ -33,14 +33,6 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def observe_ttft(self, qos: str, ms: float) -> None:
-        self.ttft_ms.observe(ms)
-        self.ttft_ms_by_qos[qos].observe(ms)
-
-    def observe_itl(self, qos: str, ms: float) -> None:
-        self.inter_token_ms.observe(ms)
-        self.inter_token_ms_by_qos[qos].observe(ms)
-
     def snapshot(self) -> dict[str, Any]:
         return {
             "bounds": list(self.bounds),
