@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,10 @@ class RequestSpec:
     max_tokens: int
     qos: str = "interactive"
     seed: int = 0
-    temperature: float = 0.8
+    # UMA_BENCH_TEMPERATURE overrides it for every scenario (0 = greedy on every server)
+    temperature: float = field(
+        default_factory=lambda: float(os.environ.get("UMA_BENCH_TEMPERATURE", "0.8"))
+    )
     ignore_eos: bool = True
     tag: str = ""  # the scenario's label for this request (class, session, step ...)
 
