@@ -25,6 +25,8 @@ PEER_SCENARIOS = {
     "chat-vs-paste": "chat_vs_paste",
     "mixed-load": "mixed_load",
     "long-ctx": "long_ctx",
+    "shared-prefix": "shared_prefix",
+    "repetitive": "repetitive",
 }
 DEFAULT = "solo,sweep,storm,agent-chain"
 SERVERS = ("uma", "llama-server", "batched")
