@@ -331,6 +331,17 @@ class Engine:
             self._decode_failed(rc, plan, spans)
             return
         self._record_tick(ms, plan, state)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "tick %d: decode %d prefill %d parked %d | %.1f ms (predicted %.1f, budget %s)",
+                self._stats.tick,
+                plan.n_decode,
+                plan.n_tokens - plan.n_decode,
+                len(plan.parked),
+                ms,
+                plan.predicted_ms or 0.0,
+                f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
+            )
         now = time.monotonic_ns()
         served = {item.seq_id for item in plan.items}
         for seq in self._running.values():
