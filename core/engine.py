@@ -141,7 +141,9 @@ class Engine:
         try:
             while True:
                 with self._cond:
-                    while not (self._inbox or self._running or self._stop_reason):
+                    while not (
+                        self._inbox or self._running or self._stop_reason or self._admittable()
+                    ):
                         self._prev_tick = None  # idle time is not tick overhead
                         self._cond.wait()
                     ops = list(self._inbox)
@@ -197,6 +199,11 @@ class Engine:
                 return seq
             first_bg = first_bg or seq
         return first_bg if len(self._free_seq_ids) > self._reserved else None
+
+    def _admittable(self) -> bool:
+        """A waiting request could take a free sequence now (e.g. after a tick that ended every
+        running request at once)."""
+        return bool(self._waiting and self._free_seq_ids) and self._next_admission() is not None
 
     def _admit(self) -> None:
         now = time.monotonic_ns()
