@@ -137,3 +137,19 @@ def test_many_requests_on_one_connection(umad) -> None:
     done = asyncio.run(run())
     assert len({e.id for e in done}) == 10
     assert all(e.usage.completion_tokens <= 3 for e in done)
+
+
+def test_queued_requests_run_when_a_whole_batch_ends_in_one_tick(umad) -> None:
+    """Eight equal requests in one write: four start in the same tick and end in the same
+    tick; the four waiting ones must then be admitted (the engine must not go to sleep)."""
+    s = raw_socket(umad.socket, timeout=60)
+    reqs = [gen("Same prompt", id=f"q{i}", max_tokens=5, ignore_eos=True) for i in range(8)]
+    s.sendall(b"".join(p.encode(r) for r in reqs))
+    ended = set()
+    while len(ended) < 8:
+        ev = read_event(s)  # a hang here is the bug (socket timeout fails the test)
+        assert ev is not None and not isinstance(ev, p.ErrorEvent), ev
+        if isinstance(ev, p.EosEvent):
+            assert ev.usage.completion_tokens == 5
+            ended.add(ev.id)
+    s.close()

@@ -1,0 +1,98 @@
+"""The engine's executor logic on a fake runtime (no model): admission, queueing, ends."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from uma_serve.core import protocol as p
+from uma_serve.core.engine import Engine, Submission
+from uma_serve.core.policy import BaselinePolicy, Constraints
+
+VOCAB = 16
+
+
+@dataclass
+class Params:
+    n_seq: int = 4
+    n_seq_cache: int = 0
+
+
+class FakeRuntime:
+    """Decodes instantly; every logits row prefers token (position % 10) + 1."""
+
+    def __init__(self, n_seq: int = 4) -> None:
+        self.params = Params(n_seq)
+        self.n_ctx = 1024
+        self.n_ctx_per_seq = self.n_ctx // n_seq
+        self.n_batch = 64
+        self._rows: list[np.ndarray] = []
+
+    def decode(self, spans):
+        self._rows, rows = [], []
+        for span in spans:
+            if span.logits:
+                row = np.zeros(VOCAB, dtype=np.float32)
+                row[(span.pos + len(span.tokens)) % 10 + 1] = 1.0
+                rows.append(len(self._rows))
+                self._rows.append(row)
+            else:
+                rows.append(-1)
+        return 0, rows
+
+    def logits_row(self, row: int) -> np.ndarray:
+        return self._rows[row]
+
+    def piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def seq_clear(self, seq_id: int) -> None: ...
+
+    def seq_trim(self, seq_id: int, from_pos: int) -> None: ...
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None: ...
+
+
+def run_engine(requests: list[p.Generate], n_seq: int = 4) -> list[tuple[int, p.Event]]:
+    events: list[tuple[int, p.Event]] = []
+    done = threading.Event()
+
+    def sink(batch):
+        events.extend(batch)
+        finals = [e for _, e in events if isinstance(e, p.EosEvent | p.ErrorEvent)]
+        if len(finals) == len(requests):
+            done.set()
+
+    engine = Engine(
+        FakeRuntime(n_seq),
+        BaselinePolicy(),
+        Constraints(n_batch=64, tick_budget_ms=50.0),
+        sink,
+        seed=1,
+    )
+    for i, r in enumerate(requests):  # all in the inbox before the engine's first look
+        engine.submit(Submission((1, r.id), r, [1, 2, 3], i))
+    engine.start()
+    assert done.wait(10), f"engine stalled; {len(events)} events"
+    engine.stop("test over")
+    engine.join(5)
+    return events
+
+
+def test_a_whole_batch_ending_in_one_tick_lets_the_queue_in() -> None:
+    reqs = [p.Generate(id=f"r{i}", prompt="x", max_tokens=5, ignore_eos=True) for i in range(8)]
+    events = run_engine(reqs)
+    ends = [e for _, e in events if isinstance(e, p.EosEvent)]
+    assert sorted(e.id for e in ends) == sorted(r.id for r in reqs)
+    assert all(e.reason == "length" and e.usage.completion_tokens == 5 for e in ends)
+
+
+def test_tokens_follow_the_logits_and_positions() -> None:
+    events = run_engine([p.Generate(id="a", prompt="x", max_tokens=4, temperature=0.0)])
+    tokens = [e.token_id for _, e in events if isinstance(e, p.TokenEvent)]
+    assert tokens == [4, 5, 6, 7]  # prompt of 3 tokens: positions 3, 4, 5, 6 -> +1
