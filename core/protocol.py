@@ -50,10 +50,11 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prompt: str | None = None
     messages: list[Message] | None = None
     max_tokens: PositiveInt = 256
+    # sampling defaults as llama.cpp's server: truncation keeps small models coherent
     temperature: NonNegFloat = 0.8
-    top_p: Prob = 1.0
-    top_k: Annotated[int, msgspec.Meta(ge=0)] = 0
-    min_p: Prob = 0.0
+    top_p: Prob = 0.95
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
+    min_p: Prob = 0.05
     seed: Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)] | None = None
     stop: str | list[str] | None = None
     presence_penalty: Penalty = 0.0

@@ -19,7 +19,7 @@ import numpy as np
 
 from uma_serve.core.runtime import SamplingParams
 
-NUCLEUS_PROBE = 256  # candidates examined first for top-p; doubled until the mass is reached
+BLOCK = 512  # vocabulary block for the two-level draw over the whole row
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -69,11 +69,12 @@ class TokenSampler:
     def _draw(self, logits: np.ndarray) -> int:
         p = self.p
         n = logits.shape[0]
-        log_norm = None  # normaliser of the top-p probabilities: the candidates' own
+        peak = float(logits.max())
+        log_norm = None  # normaliser of the top-p probabilities: the candidates' own ...
         if 0 < p.top_k < n:
-            ids = np.argpartition(logits, n - p.top_k)[n - p.top_k :]
+            ids = top_k_ids(logits, p.top_k, peak)
         elif p.top_p < 1.0:
-            ids, log_norm = self._nucleus_candidates(logits)  # ... or the whole row's
+            ids, log_norm = nucleus_ids(logits, p.top_p, peak)  # ... or the whole row's
         else:
             ids = None  # the whole vocabulary
         cand = logits if ids is None else logits[ids]
@@ -84,25 +85,54 @@ class TokenSampler:
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
             ids, cand = ids[order[:keep]], cand[order[:keep]]
         if p.min_p > 0.0:  # p >= min_p * p_max  <=>  logit >= max + ln(min_p)
-            mask = cand >= cand.max() + np.log(p.min_p)
+            mask = cand >= float(cand.max()) + np.log(p.min_p)
             ids = np.flatnonzero(mask) if ids is None else ids[mask]
             cand = cand[mask]
+        if ids is None:
+            return self._draw_full(logits, peak)
         probs = _softmax(cand.astype(np.float64) / p.temperature)
         pick = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum()))
-        pick = min(pick, len(probs) - 1)
-        return int(pick if ids is None else ids[pick])
+        return int(ids[min(pick, len(probs) - 1)])
 
-    def _nucleus_candidates(self, logits: np.ndarray) -> tuple[np.ndarray, float]:
-        """The top-m tokens (m = 256, 1024, ...) that hold top_p of the probability mass, and
-        log of the whole row's softmax normaliser, so the nucleus is exactly llama.cpp's."""
-        n = logits.shape[0]
-        peak = float(logits.max())
-        log_norm = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
-        m = NUCLEUS_PROBE
-        while m < n:
-            ids = np.argpartition(logits, n - m)[n - m :]
-            mass = float(np.exp(logits[ids].astype(np.float64) - log_norm).sum())
-            if mass >= self.p.top_p:
-                return ids, log_norm
-            m *= 4
-        return np.arange(n), log_norm
+    def _draw_full(self, logits: np.ndarray, peak: float) -> int:
+        """An exact draw from softmax(logits / T) over the whole vocabulary: one float32 exp
+        pass, then a two-level inverse CDF (block sums, then one block), never a
+        vocabulary-sized float64 array."""
+        w = np.exp((logits - np.float32(peak)) / np.float32(self.p.temperature))
+        starts = np.arange(0, w.shape[0], BLOCK)
+        blocks = np.add.reduceat(w, starts).astype(np.float64)
+        cum = np.cumsum(blocks)
+        u = self.rng.random() * cum[-1]
+        b = min(int(np.searchsorted(cum, u, side="right")), len(blocks) - 1)
+        inner = np.cumsum(w[starts[b] : starts[b] + BLOCK], dtype=np.float64)
+        rest = u - (cum[b - 1] if b else 0.0)
+        i = min(int(np.searchsorted(inner, rest, side="right")), len(inner) - 1)
+        return int(starts[b] + i)
+
+
+def top_k_ids(logits: np.ndarray, k: int, peak: float) -> np.ndarray:
+    """The k largest logits' ids: a threshold pass keeps the few near the peak, and only those
+    are partitioned (argpartition over the whole row is twice as slow)."""
+    for gap in (4.0, 8.0, 16.0):
+        ids = np.flatnonzero(logits >= peak - gap)
+        if len(ids) >= k:
+            break
+    else:
+        ids = np.arange(logits.shape[0])
+    if len(ids) > k:
+        ids = ids[np.argpartition(logits[ids], len(ids) - k)[len(ids) - k :]]
+    return ids
+
+
+def nucleus_ids(logits: np.ndarray, top_p: float, peak: float) -> tuple[np.ndarray, float]:
+    """Tokens near the peak holding top_p of the probability mass (so the nucleus lies among
+    them), and log of the whole row's softmax normaliser, so the nucleus is exactly
+    llama.cpp's."""
+    w = np.exp(logits - np.float32(peak))
+    log_norm = peak + float(np.log(w.sum(dtype=np.float64)))
+    norm = np.exp(log_norm - peak)
+    for gap in (2.0, 4.0, 8.0, 16.0, 32.0):
+        ids = np.flatnonzero(logits >= peak - gap)
+        if float(w[ids].sum(dtype=np.float64)) / norm >= top_p:
+            return ids, log_norm
+    return np.arange(logits.shape[0]), log_norm

@@ -136,15 +136,18 @@ def qos_of(request: Request, body_qos: str | None) -> str:
 
 
 def sampling(req: schema._Sampling) -> dict[str, Any]:
-    """OpenAI sampling fields -> Generate fields (OpenAI's defaults where unset)."""
+    """OpenAI sampling fields -> Generate fields. Unset temperature is OpenAI's 1.0; unset
+    top_p leaves the core's truncation defaults (top_k 40, top_p 0.95, min_p 0.05, as
+    llama.cpp's server applies to OpenAI requests)."""
     out: dict[str, Any] = {
         "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
         "presence_penalty": req.presence_penalty or 0.0,
         "frequency_penalty": req.frequency_penalty or 0.0,
         "stop": req.stop,
         "stream": bool(req.stream),
     }
+    if req.top_p is not None:
+        out["top_p"] = req.top_p
     if req.seed is not None:
         out["seed"] = req.seed % (1 << 32)
     if req.ignore_eos:
