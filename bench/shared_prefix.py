@@ -39,7 +39,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def system_prompt(wl: Workload, n_tokens: int) -> str:
     return (
         f"System {wl.seed}. You are the assistant of a travel agency. Follow these notes.\n"
-        f"{wl.words(n_tokens - 20)}\n\n"
+        f"{wl.words(int(n_tokens * 1.2) - 20)}\n\n"
     )
 
 

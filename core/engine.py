@@ -407,7 +407,9 @@ class Engine:
         m = self.metrics
         m.spec_drafted_tokens_total += len(drafts)
         m.spec_accepted_tokens_total += accepted
-        seq.spec_accept_ewma = 0.3 * accepted / len(drafts) + 0.7 * seq.spec_accept_ewma
+        # per-token acceptance: accepted tokens over accepted + the one rejection (if any)
+        sample = accepted / (accepted + (accepted < len(drafts)))
+        seq.spec_accept_ewma = 0.3 * sample + 0.7 * seq.spec_accept_ewma
 
     def _record_tick(self, ms: float, plan: Plan, state: SchedulerState) -> None:
         n_decode = plan.n_decode

@@ -34,7 +34,7 @@ class Sequence:
     out: list[int] = field(default_factory=list)  # emitted token ids (the KV holds prompt + out)
     ngrams: NgramIndex | None = None  # prompt-lookup drafting index (spec on)
     draft: tuple[int, ...] = ()  # this tick's proposal, shown to the policy
-    spec_accept_ewma: float = 1.0
+    spec_accept_ewma: float = 0.7  # per-token draft acceptance, smoothed (optimistic start)
     cached_from: int | None = None  # prefix cache entry its leading KV was copied from
     cached_tokens: int = 0  # how many leading positions came from the prefix cache
     text: TextStream = field(init=False)

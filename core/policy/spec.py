@@ -18,12 +18,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from uma_serve.core.policy.state import Constraints, Phase, Plan, SchedulerState, views_by_seq
+from uma_serve.core.policy.state import (
+    Constraints,
+    Phase,
+    Plan,
+    SchedulerState,
+    plan_shape,
+    views_by_seq,
+)
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-PROBE_EVERY = 8  # ticks between probes of a session whose acceptance is low
-LOW_ACCEPTANCE = 0.25
+PROBE_EVERY = 8  # ticks between probes of a session whose drafts do not pay
+PROBE_TOKENS = 2
 
 
 class NgramIndex:
@@ -57,13 +64,30 @@ class NgramIndex:
         return tuple(self.tokens[self._match : self._match + k])
 
 
-def draft_length(accept_ewma: float, max_draft: int, available: int, tick: int) -> int:
-    """Tokens to verify: scaled by the acceptance EWMA; a low-acceptance session only probes."""
-    if accept_ewma < LOW_ACCEPTANCE:
-        k = 2 if tick % PROBE_EVERY == 0 else 0
-    else:
-        k = max(1, round(max_draft * min(accept_ewma * 1.25, 1.0)))
-    return min(k, available, max_draft)
+def draft_length(
+    p: float, max_draft: int, available: int, tick: int, tick_ms: float, draft_ms: float
+) -> int:
+    """Tokens to verify: the k that maximises expected tokens per ms.
+
+    With per-token acceptance p (the session's EWMA), k drafted tokens yield 1 + p + ... + p^k
+    tokens in a tick of tick_ms + k x draft_ms (a drafted token costs like a prompt token with
+    logits); k = 0 yields 1 token in tick_ms. When no k > 0 pays, the session only probes (a
+    short draft every PROBE_EVERY ticks) so its estimate can recover.
+    """
+    limit = min(available, max_draft)
+    if limit <= 0:
+        return 0
+    best_k, best_rate = 0, 1.0 / max(tick_ms, 1e-3)
+    gain, term = 1.0, 1.0
+    for k in range(1, limit + 1):
+        term *= p
+        gain += term
+        rate = gain / max(tick_ms + k * draft_ms, 1e-3)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    if best_k == 0 and tick % PROBE_EVERY == 0:
+        return min(PROBE_TOKENS, limit)
+    return best_k
 
 
 class SpeculativeDecode:
@@ -75,15 +99,20 @@ class SpeculativeDecode:
             return plan
         views = views_by_seq(state)
         room = c.n_batch - plan.n_tokens
+        cost = state.stats.cost
+        tick_ms = cost.predict(plan_shape(plan.items, views))
         items = []
         for item in plan.items:
             view = views[item.seq_id]
             if item.phase is Phase.DECODE and item.n_tokens == 1 and view.draft and room > 0:
-                k = min(
-                    draft_length(
-                        view.spec_accept_ewma, c.spec_max_draft, len(view.draft), state.stats.tick
-                    ),
-                    room,
+                draft_ms = cost.c + cost.d * (view.n_past + 1) / 1000.0
+                k = draft_length(
+                    view.spec_accept_ewma,
+                    c.spec_max_draft,
+                    min(len(view.draft), room),
+                    state.stats.tick,
+                    tick_ms,
+                    draft_ms,
                 )
                 if k > 0:
                     item = replace(item, n_tokens=1 + k)

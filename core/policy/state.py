@@ -34,7 +34,7 @@ class SessionView:
     last_progress_ns: int = 0  # last tick that advanced it (prefill chunk or token)
     burst: int = 0  # consecutive ticks it was served (0: parked last tick)
     draft: tuple[int, ...] = ()  # prompt-lookup proposal after the pending token (spec)
-    spec_accept_ewma: float = 1.0  # share of verified draft tokens accepted, smoothed
+    spec_accept_ewma: float = 0.7  # per-token acceptance of verified drafts, smoothed
 
 
 @dataclass(frozen=True, slots=True)

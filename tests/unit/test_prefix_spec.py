@@ -88,16 +88,20 @@ def test_ngram_drafts_what_followed_the_last_occurrence() -> None:
     assert ng.draft(4) == ()
 
 
-def test_draft_length_follows_acceptance_and_probes_when_low() -> None:
-    assert draft_length(1.0, 6, 10, tick=1) == 6
-    assert draft_length(1.0, 6, 3, tick=1) == 3
-    assert 1 <= draft_length(0.4, 6, 10, tick=1) < 6
-    assert draft_length(0.1, 6, 10, tick=1) == 0
-    assert draft_length(0.1, 6, 10, tick=8) == 2
+def test_draft_length_maximises_tokens_per_ms_and_probes_when_nothing_pays() -> None:
+    # a 15 ms tick, 4 ms per drafted token
+    assert draft_length(0.95, 6, 10, tick=1, tick_ms=15, draft_ms=4) == 6
+    assert draft_length(0.95, 6, 3, tick=1, tick_ms=15, draft_ms=4) == 3
+    assert 1 <= draft_length(0.6, 6, 10, tick=1, tick_ms=15, draft_ms=4) < 6
+    assert draft_length(0.2, 6, 10, tick=1, tick_ms=15, draft_ms=4) == 0
+    assert draft_length(0.2, 6, 10, tick=8, tick_ms=15, draft_ms=4) == 2
+    assert draft_length(0.9, 6, 10, tick=1, tick_ms=15, draft_ms=40) == 0  # drafts too dear
 
 
 def _view(seq_id: int, draft: tuple[int, ...] = (), qos: str = "interactive") -> SessionView:
-    return SessionView(seq_id, Phase.DECODE, qos, 10, 100, 0, 5, 0, draft=draft)
+    return SessionView(
+        seq_id, Phase.DECODE, qos, 10, 100, 0, 5, 0, draft=draft, spec_accept_ewma=0.95
+    )
 
 
 def _state(*views: SessionView) -> SchedulerState:
