@@ -35,7 +35,7 @@ class Config:
     prefill_burst: int = 256
     policy: str = "qos,spec,latency,bmt,tuner"
     slo_tbt_ms: float = 0.0
-    slo_ttft_ms: float = 0.0
+    slo_ttft_ms: float = 250.0
     headroom: float = 0.2
     bg_tick_ms: float = 60.0
     hold_ticks: int = 8
@@ -95,7 +95,8 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "scheduler.slo_tbt_ms",
     ),
     "slo_ttft_ms": (
-        "how long a tick may stretch to prefill a new interactive prompt (0: bg_tick_ms)",
+        "how long a tick may stretch to prefill a new interactive prompt while other "
+        "interactive streams decode (0: bg_tick_ms)",
         "scheduler.slo_ttft_ms",
     ),
     "headroom": ("auto inter-token budget: allowed slowdown over solo", "scheduler.headroom"),
