@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 
 from uma_serve.core import config as cfg
@@ -17,24 +16,11 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.tuner import SweetSpotTuner
+from uma_serve.core.protocol import socket_answers
 from uma_serve.core.runtime import Runtime, RuntimeParams
 from uma_serve.core.server import CoreServer
 
 log = logging.getLogger("uma.daemon")
-
-
-def socket_in_use(path: str) -> bool:
-    """True when a live process accepts on ``path``; a stale file is not in use."""
-    if not os.path.exists(path):
-        return False
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
@@ -98,7 +84,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
 
 async def serve(config: cfg.Config) -> None:
     runtime, engine, server = build(config)
-    if socket_in_use(config.socket):
+    if socket_answers(config.socket):
         raise SystemExit(f"umad: another daemon is serving on {config.socket}; not taking it over")
     if os.path.exists(config.socket):
         log.info("removing stale socket %s", config.socket)
@@ -129,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if socket_in_use(config.socket):
+    if socket_answers(config.socket):
         print(f"umad: another daemon is serving on {config.socket}", file=sys.stderr)
         raise SystemExit(1)
     try:

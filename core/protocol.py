@@ -8,6 +8,7 @@ Clients depend on this module only (plus msgspec).
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from typing import Annotated, Any, Literal
 
@@ -247,3 +248,16 @@ async def read_frame(reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_
     if length > max_frame:
         raise ProtocolError(E_FRAME, f"frame of {length} bytes is over the maximum {max_frame}")
     return await reader.readexactly(length)
+
+
+def socket_answers(path: str) -> bool:
+    """True when a process accepts connections on the Unix socket ``path`` (a stale socket
+    file, or none, is False)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()

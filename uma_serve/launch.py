@@ -3,7 +3,7 @@
 Both run as child processes in their own sessions, so a terminal's Ctrl-C reaches only this
 launcher, which forwards SIGINT/SIGTERM to each child once. When either child exits, the other
 is stopped and the launcher exits with the first one's status. The gateway is spawned as a
-process (never imported here), so the launcher needs nothing beyond the standard library.
+process (never imported here); the launcher needs only the protocol module (a socket probe).
 """
 
 from __future__ import annotations
@@ -11,23 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from uma_serve.core.protocol import socket_answers
+
 DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")  # umad's and uma-cli's default
-
-
-def core_answers(path: str) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
@@ -68,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
 
     deadline = time.monotonic() + args.startup_timeout
-    while not core_answers(args.socket):
+    while not socket_answers(args.socket):
         if core.poll() is not None or received or time.monotonic() > deadline:
             stop(core)
             print("launch: umad did not come up", file=sys.stderr)
