@@ -43,6 +43,17 @@ def prompt(i: int, seed: int) -> str:
     return f"Note {seed}-{i}. {task} the following text exactly.\n\nText: {text}\n\n{task}:"
 
 
+async def core_metrics(target: Target) -> dict | None:
+    """The core's metrics snapshot when the target is umad's socket (None otherwise)."""
+    get = getattr(target, "_get", None)
+    if get is None:
+        return None
+    try:
+        return await (await get()).metrics()
+    except Exception:  # noqa: BLE001 - a peer or an old core: no figures
+        return None
+
+
 def _decode_tps(r: RequestResult) -> float | None:
     if not r.ok or len(r.token_ms) < 2 or r.token_ms[-1] <= r.token_ms[0]:
         return None
@@ -57,6 +68,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         for i in range(n)
     ]
     results, dt = await common.run_concurrent(target, specs, 1, "repetitive")
+    m = await core_metrics(target) or {}
     tps = [t for t in map(_decode_tps, results) if t]
     ttft = [r.token_ms[0] for r in results if r.ok and r.token_ms]
     return {
@@ -64,6 +76,9 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         "max_tokens": max_tokens,
         "decode_tok_per_s": statistics.median(tps) if tps else None,
         "ttft_p50_ms": statistics.median(ttft) if ttft else None,
+        "spec_drafted_tokens": m.get("spec_drafted_tokens_total"),
+        "spec_accepted_tokens": m.get("spec_accepted_tokens_total"),
+        "spec_acceptance_rate": m.get("spec_acceptance_rate"),
         "texts": [r.text for r in results],
         "failed": sum(1 for r in results if not r.ok),
         "errors": common.errors(results),

@@ -82,7 +82,13 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     phases["warm_conc"], dt = await common.run_concurrent(
         target, [spec(system + q, "warm") for q in qs[3 * n + 1 :]], conc, "warm, concurrent"
     )
+    from uma_serve.bench.repetitive import core_metrics
+
+    m = await core_metrics(target) or {}
     out: dict = {"sessions": n, "concurrency": conc}
+    for key in ("queries", "hits", "cached_tokens"):
+        out[f"prefix_cache_{key}"] = m.get(f"prefix_cache_{key}_total")
+    out["prefix_cache_resident_tokens"] = m.get("prefix_cache_resident_tokens")
     rows = []
     for name, results in phases.items():
         t = _ttfts(results)
