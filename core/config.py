@@ -47,6 +47,7 @@ class Config:
     prefix_cache_slots: int = 8
     spec_draft: int = 6
     spec_max_streams: int = 2
+    pin_prefix: str = ""
     seed: int | None = None
     log_level: str = "info"
 
@@ -139,6 +140,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     "spec_max_streams": (
         "speculative decoding only while at most this many streams decode",
         "scheduler.spec_max_streams",
+    ),
+    "pin_prefix": (
+        "a text file (e.g. a system prompt) whose KV the prefix cache keeps resident; saved as "
+        "FILE.<model>.kv and restored at the next start instead of recomputed",
+        "cache.pin_prefix",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
     "log_level": ("debug, info, warning or error", "log_level"),

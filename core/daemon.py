@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import sys
+from pathlib import Path
 
 from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, builtin_template
@@ -76,6 +77,11 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         sampler=config.sampler,
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
     )
+    if config.pin_prefix:
+        text = Path(config.pin_prefix).read_text()
+        kv_path = f"{config.pin_prefix}.{Path(runtime.model_path).stem}.kv"
+        status = engine.pin_prefix(runtime.tokenize(text), kv_path)
+        log.info("pinned prefix %s: %s (%s)", config.pin_prefix, status, kv_path)
     template = runtime.chat_template or builtin_template(runtime.architecture)
     chat = ChatTemplate(template) if template else None
     server = holder["server"] = CoreServer(config, runtime, engine, chat)

@@ -10,6 +10,7 @@ When there is no work the thread sleeps on the Condition: no polling, no fixed s
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -288,14 +289,43 @@ class Engine:
 
     def _evict_prefixes(self) -> bool:
         """Free every cached prefix (the KV is needed by running sequences)."""
-        if self._prefix is None or not self._prefix.entries:
+        ids = self._prefix.clear() if self._prefix is not None else []
+        if not ids:
             return False
-        for cache_id in self._prefix.clear():
+        for cache_id in ids:
             self.runtime.seq_clear(cache_id)
-        self.metrics.prefix_cache_resident_tokens = 0
-        self.metrics.prefix_cache_entries = 0
+        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
+        self.metrics.prefix_cache_entries = len(self._prefix.entries)
         self.metrics.prefix_cache_evictions_total += 1
         return True
+
+    def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
+        """Keep ``tokens``' KV resident for good (call before start). Restored from
+        ``kv_path`` when it holds the same tokens, else computed and saved there.
+        Returns what happened: loaded, computed, off (no prefix cache) or no slot."""
+        if self._prefix is None or len(tokens) < 2:
+            return "off"
+        entry = self._prefix.pin(tokens)
+        if entry is None:
+            return "no slot"
+        cid = entry.cache_id
+        status = "computed"
+        if kv_path and os.path.exists(kv_path):
+            if self.runtime.seq_load(kv_path, cid, len(tokens) + 1) == tokens:
+                status = "loaded"
+            else:
+                self.runtime.seq_clear(cid)
+        if status == "computed":
+            for pos in range(0, len(tokens), self.constraints.n_batch):
+                chunk = tokens[pos : pos + self.constraints.n_batch]
+                rc, _ = self.runtime.decode([Span(cid, pos, chunk, False)])
+                if rc != 0:
+                    raise RuntimeError(f"pinning the prefix failed (llama_decode rc={rc})")
+            if kv_path:
+                self.runtime.seq_save(kv_path, cid, tokens)
+        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
+        self.metrics.prefix_cache_entries = len(self._prefix.entries)
+        return status
 
     def _propose_drafts(self) -> None:
         """Prompt-lookup proposals for the decoding sequences (only while few decode)."""

@@ -314,6 +314,26 @@ class Runtime:
         if self.params.shadow:
             ll.llama_memory_seq_cp(self.memory, src, dst + self._n_ids, 0, n)
 
+    def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool:
+        """Write one sequence's KV (and its token list) to ``path``."""
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        n = ll.llama_state_seq_save_file(self.ctx, path.encode(), seq_id, arr, len(tokens))
+        return n > 0
+
+    def seq_load(self, path: str, seq_id: int, capacity: int) -> list[int] | None:
+        """Read a sequence saved by seq_save into ``seq_id``; its tokens, or None."""
+        arr = (ll.llama_token * capacity)()
+        count = ctypes.c_size_t(0)
+        n = ll.llama_state_seq_load_file(
+            self.ctx, path.encode(), seq_id, arr, capacity, ctypes.byref(count)
+        )
+        if n == 0:
+            return None
+        tokens = list(arr[: count.value])
+        if self.params.shadow:
+            ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, 0, len(tokens))
+        return tokens
+
     def seq_pos_max(self, seq_id: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq_id)
 

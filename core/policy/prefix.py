@@ -52,6 +52,7 @@ class Entry:
     last_used: int
     parent: int | None = None  # cache id of the entry whose leading cells it shares
     shared: int = 0  # how many leading cells it shares with the parent
+    pinned: bool = False  # --pin-prefix: never evicted, never superseded
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -127,6 +128,8 @@ class PrefixIndex:
         evict: list[int] = []
         # entries that are prefixes of the new one are superseded by it
         for e in list(self.entries.values()):
+            if e.pinned:
+                continue
             if len(e) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e):
                 if e.cache_id == parent:
                     parent, shared = e.parent, min(shared, e.shared) if e.parent is not None else 0
@@ -135,8 +138,8 @@ class PrefixIndex:
             parent, shared = None, 0
         # make room: an id, and the budget (the new entry adds its unshared cells)
         own = len(tokens) - shared
-        while self.entries and (not self.free_ids or self.resident_tokens + own > self.budget):
-            victim = min(self.entries.values(), key=lambda e: e.last_used)
+        while self._evictable() and (not self.free_ids or self.resident_tokens + own > self.budget):
+            victim = min(self._evictable(), key=lambda e: e.last_used)
             if victim.cache_id == parent:
                 parent, shared = victim.parent, min(shared, victim.shared)
                 if parent is None:
@@ -156,15 +159,30 @@ class PrefixIndex:
             self._by_hash.setdefault(h, set()).add(entry.cache_id)
         return StorePlan(entry, evict)
 
-    def evict_lru(self) -> int | None:
-        """Drop the least recently used entry (the engine clears its id); None if empty."""
-        if not self.entries:
+    def pin(self, tokens: Sequence[int]) -> Entry | None:
+        """Reserve a cache id for a pinned prefix (the engine fills its KV); None if no id."""
+        if not self.free_ids:
             return None
-        victim = min(self.entries.values(), key=lambda e: e.last_used)
+        entry = Entry(self.free_ids.pop(), list(tokens), block_hashes(tokens), 0, pinned=True)
+        self.touch(entry)
+        self.entries[entry.cache_id] = entry
+        for h in entry.hashes:
+            self._by_hash.setdefault(h, set()).add(entry.cache_id)
+        return entry
+
+    def _evictable(self) -> list[Entry]:
+        return [e for e in self.entries.values() if not e.pinned]
+
+    def evict_lru(self) -> int | None:
+        """Drop the least recently used entry (the engine clears its id); None if none."""
+        if not self._evictable():
+            return None
+        victim = min(self._evictable(), key=lambda e: e.last_used)
         return self._remove(victim.cache_id)
 
     def clear(self) -> list[int]:
-        ids = list(self.entries)
+        """Drop every entry but the pinned ones; their ids."""
+        ids = [e.cache_id for e in self._evictable()]
         for cid in ids:
             self._remove(cid)
         return ids

@@ -136,3 +136,23 @@ def test_a_cancelled_requests_prefix_stays_usable(cached: Daemon, plain: Daemon)
     reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
     assert reused > 512
     assert text == complete(plain, sys_c + QUESTIONS[3])
+
+
+def test_pinned_prefix_is_restored_after_a_restart(plain: Daemon, tmp_path: Path) -> None:
+    pin = tmp_path / "system.txt"
+    sys_d = system_prompt("Dot")
+    pin.write_text(sys_d)
+    outputs, logs = [], []
+    for run in range(2):
+        (tmp_path / f"run{run}").mkdir()
+        d = _daemon(str(tmp_path / f"run{run}"), "--pin-prefix", str(pin))
+        try:
+            outputs.append(complete(d, sys_d + QUESTIONS[2]))
+            m = d.metrics()
+            assert m["prefix_cache_hits_total"] == 1
+            assert m["prefix_cache_cached_tokens_total"] > 512
+        finally:
+            d.stop()
+        logs.append(d.log())
+    assert "computed" in logs[0] and "loaded" in logs[1]
+    assert outputs[0] == outputs[1] == complete(plain, sys_d + QUESTIONS[2])
