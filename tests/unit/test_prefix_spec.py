@@ -133,3 +133,15 @@ def test_spec_is_a_pipeline_transformer() -> None:
     state = _state(_view(0, (5, 6, 7)))
     plan = policy.schedule_tick(state, C)
     assert plan.items[0].n_tokens == 4
+
+
+def test_a_pinned_prefix_is_never_evicted_nor_superseded() -> None:
+    idx = PrefixIndex([10, 11], budget_tokens=len(SYS) + 60)
+    pinned = idx.pin(SYS)
+    assert pinned is not None and pinned.pinned
+    child = idx.plan_store(SYS + [1, 2], pinned.cache_id, len(SYS))
+    assert child.entry is not None and child.evict == []  # the pinned entry stays
+    other = idx.plan_store(list(range(7000, 7040)), None, 0)
+    assert pinned.cache_id not in other.evict and pinned.cache_id in idx.entries
+    assert idx.clear() == [other.entry.cache_id] and list(idx.entries) == [pinned.cache_id]
+    assert idx.lookup(SYS + [5]) == (pinned, len(SYS))
