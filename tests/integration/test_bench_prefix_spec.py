@@ -1,0 +1,35 @@
+"""`bench shared-prefix --quick` and `bench repetitive --quick` against the real daemon and
+gateway: they run, count tokens, fail no request, and show the cache hits and identical text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = str(Path(sys.executable).parent / "bench")
+
+
+def run_bench(out: Path, *args: str) -> dict:
+    proc = subprocess.run(
+        [BENCH, *args, "--quick", "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_shared_prefix_quick(tmp_path: Path) -> None:
+    s = run_bench(tmp_path / "sp", "shared-prefix", "--target", "uma-socket")
+    assert s["failed"] == 0
+    assert s["prefix_cache_hits"] >= 8 and s["prefix_cache_cached_tokens"] > 8 * 400
+    assert s["ttft_warm_seq_p50_ms"] < s["ttft_cold_ms"]
+    assert (tmp_path / "sp" / "ttft.csv").exists()
+
+
+def test_repetitive_quick(tmp_path: Path) -> None:
+    s = run_bench(tmp_path / "rep", "repetitive")
+    assert s["failed"] == 0 and s["identical_text"] is True
+    assert s["spec_on"]["decode_tok_per_s"] > 0 and s["spec_off"]["decode_tok_per_s"] > 0
