@@ -10,7 +10,6 @@ When there is no work the thread sleeps on the Condition: no polling, no fixed s
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -29,10 +28,11 @@ from uma_serve.core.policy import (
     SchedulerState,
     plan_shape,
 )
-from uma_serve.core.policy.prefix import Entry, PrefixIndex
+from uma_serve.core.policy.prefix import PrefixIndex
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tickmodel import OnlineTickModel
 from uma_serve.core.policy.tuner import SweetSpotTuner
+from uma_serve.core.prefix_store import PrefixStore
 from uma_serve.core.runtime import Runtime, Sampler, SamplingParams, Span
 from uma_serve.core.sampling import TokenSampler
 from uma_serve.core.sequence import RequestKey, Sequence
@@ -83,7 +83,12 @@ class Engine:
         self._free_seq_ids = list(range(runtime.params.n_seq))
         n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache
         self._prefix = (
-            PrefixIndex(range(n_seq, n_seq + n_cache), prefix_cache_tokens)
+            PrefixStore(
+                runtime,
+                PrefixIndex(range(n_seq, n_seq + n_cache), prefix_cache_tokens),
+                self.metrics,
+                constraints.n_batch,
+            )
             if prefix_cache_tokens > 0 and n_cache > 0
             else None
         )
@@ -230,7 +235,8 @@ class Engine:
                 default_seed=self._rng.getrandbits(32),
             )
             self.runtime.seq_clear(seq.seq_id)
-            self._reuse_prefix(seq)
+            if self._prefix is not None:
+                self._prefix.reuse(seq)
             if self._spec > 0:
                 seq.ngrams = NgramIndex(seq.prompt)
             self._running[seq.seq_id] = seq
@@ -251,81 +257,9 @@ class Engine:
         assert sampler is not None
         return self.runtime.sample(sampler, row)
 
-    def _reuse_prefix(self, seq: Sequence) -> None:
-        """Take the longest cached prefix of the prompt (all but its last token, which must be
-        decoded for logits) by tagging the cached cells with this sequence's id."""
-        if self._prefix is None:
-            return
-        m = self.metrics
-        m.prefix_cache_queries_total += 1
-        entry, n = self._prefix.lookup(seq.prompt)
-        n = min(n, len(seq.prompt) - 1)
-        if entry is None or n <= 0:
-            return
-        self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
-        self._prefix.touch(entry)
-        seq.n_past = seq.cached_tokens = n
-        seq.cached_from = entry
-        m.prefix_cache_hits_total += 1
-        m.prefix_cache_cached_tokens_total += n
-
-    def _store_prefix(self, seq: Sequence) -> None:
-        """Keep a finished sequence's KV under a cache id (before its working id is cleared)."""
-        assert self._prefix is not None
-        parent: Entry | None = seq.cached_from
-        if parent is not None and self._prefix.entries.get(parent.cache_id) is not parent:
-            parent = None  # evicted since (its id may hold another entry now)
-        plan = self._prefix.plan_store(
-            seq.kv_tokens(),
-            parent.cache_id if parent else None,
-            seq.cached_tokens if parent else 0,
-        )
-        for cache_id in plan.evict:
-            self.runtime.seq_clear(cache_id)
-        if plan.entry is not None:
-            self.runtime.seq_copy(seq.seq_id, plan.entry.cache_id, len(plan.entry))
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
-
-    def _evict_prefixes(self) -> bool:
-        """Free every cached prefix (the KV is needed by running sequences)."""
-        ids = self._prefix.clear() if self._prefix is not None else []
-        if not ids:
-            return False
-        for cache_id in ids:
-            self.runtime.seq_clear(cache_id)
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
-        self.metrics.prefix_cache_evictions_total += 1
-        return True
-
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
-        """Keep ``tokens``' KV resident for good (call before start). Restored from
-        ``kv_path`` when it holds the same tokens, else computed and saved there.
-        Returns what happened: loaded, computed, off (no prefix cache) or no slot."""
-        if self._prefix is None or len(tokens) < 2:
-            return "off"
-        entry = self._prefix.pin(tokens)
-        if entry is None:
-            return "no slot"
-        cid = entry.cache_id
-        status = "computed"
-        if kv_path and os.path.exists(kv_path):
-            if self.runtime.seq_load(kv_path, cid, len(tokens) + 1) == tokens:
-                status = "loaded"
-            else:
-                self.runtime.seq_clear(cid)
-        if status == "computed":
-            for pos in range(0, len(tokens), self.constraints.n_batch):
-                chunk = tokens[pos : pos + self.constraints.n_batch]
-                rc, _ = self.runtime.decode([Span(cid, pos, chunk, False)])
-                if rc != 0:
-                    raise RuntimeError(f"pinning the prefix failed (llama_decode rc={rc})")
-            if kv_path:
-                self.runtime.seq_save(kv_path, cid, tokens)
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
-        return status
+        """Keep ``tokens``' KV resident for good (call before start): see PrefixStore.pin."""
+        return self._prefix.pin(tokens, kv_path) if self._prefix is not None else "off"
 
     def _propose_drafts(self) -> None:
         """Prompt-lookup proposals for the decoding sequences (only while few decode)."""
@@ -507,7 +441,7 @@ class Engine:
         for span in spans:  # undo whatever part of the batch reached the cache
             self.runtime.seq_trim(span.seq_id, span.pos)
         self._stats = replace(self._stats, last_decode_failed=True)
-        if rc == 1 and self._evict_prefixes():
+        if rc == 1 and self._prefix is not None and self._prefix.evict_all():
             log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
             return
         n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
@@ -582,7 +516,7 @@ class Engine:
                 self._emit_text(seq, rest, token)
         if seq.seq_id >= 0 and self._running.pop(seq.seq_id, None) is seq:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
-                self._store_prefix(seq)
+                self._prefix.store(seq)
             self.runtime.seq_clear(seq.seq_id)
             self._free_seq_ids.append(seq.seq_id)
         if seq.sampler is not None:
