@@ -21,27 +21,24 @@ from uma_serve.core import protocol as p
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import (
     Constraints,
-    EngineStats,
     IBatchPolicy,
     Phase,
     Plan,
     SchedulerState,
-    plan_shape,
 )
 from uma_serve.core.policy.prefix import PrefixIndex
 from uma_serve.core.policy.spec import NgramIndex
-from uma_serve.core.policy.tickmodel import OnlineTickModel
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.prefix_store import PrefixStore
 from uma_serve.core.runtime import Runtime, Sampler, SamplingParams, Span
 from uma_serve.core.sampling import TokenSampler
 from uma_serve.core.sequence import RequestKey, Sequence
+from uma_serve.core.tick_learner import TickLearner
 
 log = logging.getLogger("uma.engine")
 
 Outgoing = tuple[int, p.Event]  # (connection id, event)
 Sink = Callable[[list[Outgoing]], None]
-EWMA_ALPHA = 0.2
 
 
 @dataclass(frozen=True)
@@ -50,10 +47,6 @@ class Submission:
     request: p.Generate
     prompt: list[int]
     arrival_ns: int
-
-
-def _ewma(old: float, new: float) -> float:
-    return new if old <= 0 else EWMA_ALPHA * new + (1 - EWMA_ALPHA) * old
 
 
 class Engine:
@@ -95,11 +88,7 @@ class Engine:
         self._spec = constraints.spec_max_draft
         self._waiting: deque[Sequence] = deque()
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
-        self._stats = EngineStats()
-        self._tick_model = OnlineTickModel()
-        self._prev_tick: tuple[float, float] | None = None  # (start, decode ms) of the last tick
-        self._overhead_ms = 0.0
-        self._tuner = tuner
+        self._learner = TickLearner(constraints, tuner)
         self._reserved = reserved_interactive  # sequences only interactive requests may take
         if sampler not in ("numpy", "llama"):
             raise ValueError(f"unknown sampler {sampler!r}: numpy or llama")
@@ -150,7 +139,7 @@ class Engine:
                     while not (
                         self._inbox or self._running or self._stop_reason or self._admittable()
                     ):
-                        self._prev_tick = None  # idle time is not tick overhead
+                        self._learner.idle()  # idle time is not tick overhead
                         self._cond.wait()
                     ops = list(self._inbox)
                     self._inbox.clear()
@@ -279,7 +268,8 @@ class Engine:
         if self._spec > 0:
             self._propose_drafts()
         views = tuple(s.view() for s in self._running.values())
-        return SchedulerState(sessions=views, stats=self._stats, now_ns=time.monotonic_ns())
+        stats = self._learner.stats
+        return SchedulerState(sessions=views, stats=stats, now_ns=time.monotonic_ns())
 
     def step(self) -> None:
         """One tick: plan, decode, sample."""
@@ -292,12 +282,10 @@ class Engine:
             self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items
         ]
         t0 = time.perf_counter()
-        if self._prev_tick is not None:  # busy since the last tick: the rest was overhead
-            prev_t0, prev_ms = self._prev_tick
-            self._overhead_ms = _ewma(self._overhead_ms, (t0 - prev_t0) * 1e3 - prev_ms)
+        self._learner.tick_started(t0)
         rc, rows = self.runtime.decode(spans)
         ms = (time.perf_counter() - t0) * 1e3
-        self._prev_tick = (t0, ms)
+        self._learner.tick_decoded(t0, ms)
         if rc != 0:
             self._decode_failed(rc, plan, spans)
             return
@@ -305,7 +293,7 @@ class Engine:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "tick %d: decode %d prefill %d parked %d | %.1f ms (predicted %.1f, budget %s)",
-                self._stats.tick,
+                self._learner.stats.tick,
                 plan.n_decode,
                 plan.n_tokens - plan.n_decode,
                 len(plan.parked),
@@ -376,71 +364,17 @@ class Engine:
         seq.spec_accept_ewma = 0.3 * sample + 0.7 * seq.spec_accept_ewma
 
     def _record_tick(self, ms: float, plan: Plan, state: SchedulerState) -> None:
-        n_decode = plan.n_decode
-        n_prefill = plan.n_tokens - n_decode  # drafted tokens cost like prompt tokens
-        n_draft = sum(i.n_tokens - 1 for i in plan.items if i.phase is Phase.DECODE)
-        st = self._stats
-        base, per_tok = st.base_tick_ms_ewma, st.prefill_ms_per_token_ewma
-        if n_prefill == 0:
-            base = _ewma(base, ms)
-        elif n_prefill >= 8:
-            per_tok = _ewma(per_tok, max(ms - (base if n_decode else 0.0), 0.0) / n_prefill)
-        views = {v.seq_id: v for v in state.sessions}
-        self._tick_model.update(plan_shape(plan.items, views), ms)
-        hold, ramp = self._next_guard_state(ms, plan, views)
-        if self._tuner is not None:
-            self._tuner.observe(plan.n_tokens, ms, contended=bool(plan.parked))
-        self._stats = EngineStats(
-            decode_ms_ewma=_ewma(st.decode_ms_ewma, ms),
-            base_tick_ms_ewma=base,
-            prefill_ms_per_token_ewma=per_tok,
-            last_tick_tokens=plan.n_tokens,
-            last_decode_failed=False,
-            cost=self._tick_model.cost,
-            overhead_ms_ewma=self._overhead_ms,
-            tick=st.tick + 1,
-            guard_hold=hold,
-            guard_ramp=ramp,
-            bg_decoders_cap=self._tuner.s if self._tuner else st.bg_decoders_cap,
-            bg_burst=self._tuner.k if self._tuner else st.bg_burst,
-        )
-        m = self.metrics
-        m.record_tick(ms, n_decode, n_prefill - n_draft)
-        m.tick_ms_predicted_last = plan.predicted_ms or 0.0
-        m.tick_overhead_ms_ewma = self._overhead_ms
-        m.tick_budget_ms_last = plan.budget_ms or 0.0
-        m.prefill_guard_active = int(plan.guard_active or hold > 0)
-        m.parked_sessions = len(plan.parked)
-        m.bmt_estimate_last = plan.bmt_estimate or 0.0
-        m.bg_decoders_cap = self._stats.bg_decoders_cap if self._tuner else 0
-        m.bg_burst = self._stats.bg_burst
+        self._learner.record(ms, plan, state, self.metrics)
         if self._max_prefill is not None:  # recover gradually after a failed decode
             self._max_prefill *= 2
             if self._max_prefill >= self.constraints.n_batch:
                 self._max_prefill = None
 
-    def _next_guard_state(self, ms: float, plan: Plan, views: dict) -> tuple[int, int | None]:
-        """Hysteresis: an overrun tick that carried background work holds background prefill
-        for hold_ticks, then re-enables it with a cap that doubles each tick."""
-        st, c = self._stats, self.constraints
-        background_work = any(
-            i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
-        )
-        if plan.budget_ms is not None and ms > plan.budget_ms and background_work:
-            self.metrics.ticks_over_budget_total += 1
-            return c.hold_ticks, None
-        if st.guard_hold > 0:
-            return st.guard_hold - 1, (1 if st.guard_hold == 1 else None)
-        if st.guard_ramp is not None:
-            ramp = st.guard_ramp * 2
-            return 0, ramp if ramp < c.n_batch else None
-        return 0, None
-
     def _decode_failed(self, rc: int, plan: Plan, spans: list[Span]) -> None:
         self.metrics.decode_failures_total += 1
         for span in spans:  # undo whatever part of the batch reached the cache
             self.runtime.seq_trim(span.seq_id, span.pos)
-        self._stats = replace(self._stats, last_decode_failed=True)
+        self._learner.decode_failed()
         if rc == 1 and self._prefix is not None and self._prefix.evict_all():
             log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
             return
