@@ -185,27 +185,30 @@ class HttpTarget(Target):
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    now = time.perf_counter()
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        res.error = str(chunk["error"])[:300]
-                        continue
-                    for choice in chunk.get("choices") or []:
-                        text = choice.get("text") or ""
-                        if text:
-                            res.token_ms.append((now - t0) * 1000.0)
-                            res.texts.append(text)
-                            if on_token:
-                                on_token(now)
-                        if choice.get("finish_reason"):
-                            res.finish_reason = choice["finish_reason"]
-                    usage = chunk.get("usage")
-                    if usage:
-                        res.completion_tokens = usage.get("completion_tokens")
-                        res.prompt_tokens = usage.get("prompt_tokens")
+                    take_chunk(res, json.loads(data), time.perf_counter(), on_token)
         except Exception as e:  # noqa: BLE001
             res.error = f"{type(e).__name__}: {e}"
         return res
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def take_chunk(res: RequestResult, chunk: dict, now: float, on_token: OnToken | None) -> None:
+    """Record one streamed OpenAI completions chunk (content, finish reason, usage, error)."""
+    if "error" in chunk:
+        res.error = str(chunk["error"])[:300]
+        return
+    for choice in chunk.get("choices") or []:
+        text = choice.get("text") or ""
+        if text:
+            res.token_ms.append((now - res.t_send) * 1000.0)
+            res.texts.append(text)
+            if on_token:
+                on_token(now)
+        if choice.get("finish_reason"):
+            res.finish_reason = choice["finish_reason"]
+    usage = chunk.get("usage")
+    if usage:
+        res.completion_tokens = usage.get("completion_tokens")
+        res.prompt_tokens = usage.get("prompt_tokens")

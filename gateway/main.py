@@ -49,6 +49,12 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
+    ap.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log a line per request (off by default: it sits on every response's first send; "
+        "/metrics counts requests by route and status)",
+    )
     return ap
 
 
@@ -72,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        access_log=args.access_log,
         timeout_graceful_shutdown=5,
         proxy_headers=False,
     )

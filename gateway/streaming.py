@@ -15,8 +15,10 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, TypeVar
 
+import msgspec
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 
@@ -60,6 +62,19 @@ class Job:
         if self.include_usage:
             body["usage"] = usage
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+    @cached_property
+    def _content_frame(self) -> tuple[bytes, bytes]:
+        """A content chunk's SSE bytes before and after its text, built once per stream."""
+        marker = "\x00"
+        whole = self.chunk([self.delta(marker)])
+        head, tail = whole.split(json.dumps(marker), 1)
+        return b"data: " + head.encode(), tail.encode() + b"\n\n"
+
+    def content_event(self, text: str) -> bytes:
+        """One token's whole SSE event: the hot path, so only the text is encoded per token."""
+        head, tail = self._content_frame
+        return head + msgspec.json.encode(text) + tail
 
     def delta(self, text: str | None, finish: str | None = None, role: bool = False) -> dict:
         if self.kind == "text":
@@ -205,7 +220,7 @@ def sse_response(
                         if job.kind == "chat":
                             yield job.chunk([job.delta("", role=True)])
                         sent_any = True
-                    yield job.chunk([job.delta(text)])
+                    yield job.content_event(text)
                 elif isinstance(ev, p.EosEvent | p.CompletionEvent):
                     if err := end_error(job, ev):
                         yield json.dumps(err.body())

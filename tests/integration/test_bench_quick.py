@@ -78,7 +78,7 @@ def test_bench_quick(scenario: str, tmp_path: Path) -> None:
         assert rows[0] == ["ctx", "tps", "itl_p95_ms"]
     if scenario == "ipc-overhead":
         assert rows[0] == ["path", "ttft_ms", "itl_ms", "cpu_ms_per_token"]
-        assert {r[0] for r in rows[1:]} == {"socket", "gateway"}
+        assert {r[0] for r in rows[1:]} == {"socket", "gateway", "gateway-httpx"}
 
 
 def test_bench_peers_quick(tmp_path: Path) -> None:
