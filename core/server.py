@@ -35,8 +35,11 @@ class Connection:
     overflowed: bool = False
 
     def send(self, event: p.Event) -> None:
+        self.write(p.encode(event))
+
+    def write(self, data: bytes) -> None:
         if not self.writer.is_closing():
-            self.writer.write(p.encode(event))
+            self.writer.write(data)
 
     @property
     def buffered(self) -> int:
@@ -65,7 +68,9 @@ class CoreServer:
         self._loop.call_soon_threadsafe(self.deliver, batch)
 
     def deliver(self, batch: list[Outgoing]) -> None:
-        touched: set[Connection] = set()
+        """One write per connection per tick: a client multiplexing many streams (the
+        gateway) then wakes once a tick, not once a token."""
+        frames: dict[Connection, list[bytes]] = {}
         for conn_id, event in batch:
             conn = self.connections.get(conn_id)
             if conn is None:
@@ -73,9 +78,9 @@ class CoreServer:
             if isinstance(event, p.EosEvent | p.CompletionEvent | p.ErrorEvent):
                 conn.inflight.discard(event.id or "")
             if not conn.overflowed:
-                conn.send(event)
-                touched.add(conn)
-        for conn in touched:
+                frames.setdefault(conn, []).append(p.encode(event))
+        for conn, chunks in frames.items():
+            conn.write(b"".join(chunks))
             self._check_backlog(conn)
 
     def _send(self, conn: Connection, event: p.Event) -> None:
