@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+SAMPLERS = ("numpy", "llama", "backend")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -119,8 +121,9 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "scheduler.reserved_interactive_seqs",
     ),
     "sampler": (
-        "token sampling: numpy (argmax / partial selection on the logits rows, no copy) or "
-        "llama (llama.cpp's sampler chain per sequence)",
+        "token sampling: numpy (argmax / partial selection on the logits rows, no copy), "
+        "llama (llama.cpp's sampler chain per sequence) or backend (that chain run inside the "
+        "decode graph on the output layer's device: only token ids reach the host; for GPUs)",
         "scheduler.sampler",
     ),
     "prefix_cache_tokens": (
@@ -258,8 +261,8 @@ def validate(c: Config) -> None:
             problems.append(f"{name} must not be negative")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0:
         problems.append("bg_tick_ms must be positive and hold_ticks not negative")
-    if c.sampler not in ("numpy", "llama"):
-        problems.append("sampler must be numpy or llama")
+    if c.sampler not in SAMPLERS:
+        problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
     if c.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append("log_level must be debug, info, warning or error")
     if problems:

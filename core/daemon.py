@@ -39,6 +39,8 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             swa_full=prefix_cache,
             n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
             shadow=prefix_cache,
+            # backend sampling: room for speculative verification's 1 + drafts outputs
+            max_outputs_per_seq=config.spec_draft + 1 if config.sampler == "backend" else 0,
         )
     )
     names = [n.strip() for n in config.policy.split(",") if n.strip()]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from uma_serve.core import protocol as p
+from uma_serve.core.config import SAMPLERS
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import (
     Constraints,
@@ -90,9 +91,9 @@ class Engine:
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._learner = TickLearner(constraints, tuner)
         self._reserved = reserved_interactive  # sequences only interactive requests may take
-        if sampler not in ("numpy", "llama"):
-            raise ValueError(f"unknown sampler {sampler!r}: numpy or llama")
-        self._numpy_sampling = sampler == "numpy"
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}: one of {', '.join(SAMPLERS)}")
+        self._sampler_kind = sampler
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
@@ -211,6 +212,7 @@ class Engine:
             seq.admitted_ns = seq.last_progress_ns = now
             req = seq.request
             seq.sampler = self._new_sampler(
+                seq.seq_id,
                 SamplingParams(
                     temperature=req.temperature,
                     top_p=req.top_p,
@@ -233,10 +235,13 @@ class Engine:
         self.metrics.waiting_sessions = len(self._waiting)
         self.metrics.active_sessions = len(self._running)
 
-    def _new_sampler(self, params: SamplingParams, default_seed: int) -> TokenSampler | Sampler:
-        if self._numpy_sampling:
+    def _new_sampler(
+        self, seq_id: int, params: SamplingParams, default_seed: int
+    ) -> TokenSampler | Sampler:
+        if self._sampler_kind == "numpy":
             return TokenSampler(params, default_seed)
-        return self.runtime.new_sampler(params, default_seed)
+        backend_seq = seq_id if self._sampler_kind == "backend" else None
+        return self.runtime.new_sampler(params, default_seed, backend_seq)
 
     def _sample(self, seq: Sequence, row: int) -> int:
         """The session's next token from batch row ``row`` of the last decode."""

@@ -50,6 +50,9 @@ class RuntimeParams:
     # recycles it: its SWA cache reuses a cell owned by ONE sequence once it falls out of that
     # sequence's window, even with swa_full. A prefix that is reused later needs those cells.
     shadow: bool = False
+    # backend sampling: outputs a sequence may have in one decode (speculative verification
+    # asks for 1 + drafts); 0 = llama.cpp's default
+    max_outputs_per_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,21 @@ class Span:
 
 
 class Sampler:
-    """A llama sampler chain owned by one session; frees itself."""
+    """A llama sampler chain owned by one session; frees itself.
 
-    def __init__(self, vocab_size: int, params: SamplingParams, default_seed: int) -> None:
+    With ``backend`` (a context and the session's sequence id) the chain is attached to the
+    context (llama.cpp's experimental backend sampling): the token is drawn inside the decode
+    graph on the device holding the output layer, and only its id crosses to the host.
+    ``llama_sampler_sample`` returns that token when one was drawn, else samples on the CPU.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        params: SamplingParams,
+        default_seed: int,
+        backend: tuple[ll.llama_context_p, int] | None = None,
+    ) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         if (
@@ -109,12 +124,18 @@ class Sampler:
             seed = params.seed if params.seed is not None else default_seed
             add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._chain = chain
+        self._attached = backend
+        # false when some stage cannot run in the graph: then it samples on the CPU
+        self.on_backend = backend is not None and bool(ll.llama_set_sampler(*backend, chain))
 
     def sample(self, ctx: ll.llama_context_p, batch_index: int) -> int:
         return ll.llama_sampler_sample(self._chain, ctx, batch_index)
 
     def free(self) -> None:
         if self._chain is not None:
+            if self._attached is not None:  # detach before freeing: the context holds it
+                ll.llama_set_sampler(*self._attached, None)
+                self._attached = None
             ll.llama_sampler_free(self._chain)
             self._chain = None
 
@@ -149,6 +170,7 @@ class Runtime:
         cparams.swa_full = params.swa_full
         cparams.kv_unified = params.kv_unified
         cparams.no_perf = True
+        cparams.n_outputs_max_per_seq = params.max_outputs_per_seq
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             ll.llama_model_free(self.model)
@@ -289,8 +311,12 @@ class Runtime:
         ptr = ll.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def new_sampler(self, params: SamplingParams, default_seed: int) -> Sampler:
-        return Sampler(self.n_vocab, params, default_seed)
+    def new_sampler(
+        self, params: SamplingParams, default_seed: int, backend_seq: int | None = None
+    ) -> Sampler:
+        """A llama.cpp chain; with ``backend_seq``, attached to the context for that sequence."""
+        backend = None if backend_seq is None else (self.ctx, backend_seq)
+        return Sampler(self.n_vocab, params, default_seed, backend)
 
     def sample(self, sampler: Sampler, row: int) -> int:
         return sampler.sample(self.ctx, row)

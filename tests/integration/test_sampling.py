@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
+from uma_serve.clients.client import new_id
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, SamplingParams, Span
 from uma_serve.core.sampling import TokenSampler
@@ -107,6 +109,37 @@ def test_daemon_greedy_output_same_with_either_sampler(tmp_path) -> None:
                 with d.client() as c:
                     texts.append(c.complete(gen(prompt, **req)).text)
             assert texts[0] == texts[1], texts
+    finally:
+        for d in daemons:
+            d.stop()
+
+
+@pytest.mark.parametrize("policy", ["", "qos,spec,latency,bmt,tuner"])
+def test_backend_sampling_gives_the_chains_tokens(tmp_path, policy: str) -> None:
+    """--sampler backend runs the same llama.cpp chain inside the decode graph: the same
+    tokens as --sampler llama, greedy and for a seeded sampled request, also when speculative
+    verification asks for several outputs of one sequence in a tick (the default policy on a
+    repetitive prompt)."""
+    flags = ("--n-ctx", "2048", "--prefix-cache-tokens", "0", "--policy", policy)
+    daemons = []
+    try:
+        for kind in ("llama", "backend"):
+            (tmp_path / kind).mkdir()
+            daemons.append(start_daemon(tmp_path / kind, "--sampler", kind, *flags))
+        requests = [
+            gen("The three laws of motion", max_tokens=24, repeat_penalty=1.2),
+            gen("Once upon a time,", max_tokens=24, temperature=0.8, top_k=40, seed=11),
+            gen("a b c d a b c d a b c d a b c d a b", max_tokens=24, temperature=0.0),
+        ]
+        for req in requests:
+            texts = []
+            for d in daemons:
+                with d.client() as c:
+                    texts.append(
+                        c.complete(msgspec.structs.replace(req, id=new_id(), stream=False)).text
+                    )
+            assert texts[0] == texts[1], (req.prompt, texts)
+            assert texts[0]
     finally:
         for d in daemons:
             d.stop()
