@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-SAMPLERS = ("numpy", "llama", "backend")
+SAMPLERS = ("auto", "numpy", "llama", "backend", "backend-topk")
+DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Config:
     starve_ms: float = 2000.0
     bmt_budget: float = 0.0
     reserved_interactive_seqs: int = 1
-    sampler: str = "numpy"
+    sampler: str = "auto"
     prefix_cache_tokens: int = 4096
     prefix_cache_slots: int = 8
     spec_draft: int = 6
@@ -122,8 +123,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "sampler": (
         "token sampling: numpy (argmax / partial selection on the logits rows, no copy), "
-        "llama (llama.cpp's sampler chain per sequence) or backend (that chain run inside the "
-        "decode graph on the output layer's device: only token ids reach the host; for GPUs)",
+        "llama (llama.cpp's sampler chain per sequence), backend (that chain run inside the "
+        "decode graph: only token ids reach the host, but each request costs a graph "
+        "reservation), backend-topk (a top-64 inside the graph, the rest of the chain in numpy "
+        "on 64 candidates), auto (backend-topk when layers run on a GPU, else numpy: the "
+        "faster in our measurements, docs/BENCHMARKS.md)",
         "scheduler.sampler",
     ),
     "prefix_cache_tokens": (

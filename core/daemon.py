@@ -18,7 +18,7 @@ from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.protocol import socket_answers
-from uma_serve.core.runtime import Runtime, RuntimeParams
+from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
 
 log = logging.getLogger("uma.daemon")
@@ -26,6 +26,10 @@ log = logging.getLogger("uma.daemon")
 
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     prefix_cache = config.prefix_cache_tokens > 0 and config.prefix_cache_slots > 0
+    sampler = config.sampler
+    if sampler == "auto":
+        sampler = "backend-topk" if gpu_offload(config.n_gpu_layers) else "numpy"
+    log.info("token sampling: %s", sampler)
     runtime = Runtime(
         RuntimeParams(
             model_path=config.model or cfg.default_model_path(),
@@ -40,7 +44,8 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
             shadow=prefix_cache,
             # backend sampling: room for speculative verification's 1 + drafts outputs
-            max_outputs_per_seq=config.spec_draft + 1 if config.sampler == "backend" else 0,
+            max_outputs_per_seq=config.spec_draft + 1 if sampler.startswith("backend") else 0,
+            device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
         )
     )
     names = [n.strip() for n in config.policy.split(",") if n.strip()]
@@ -76,7 +81,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         seed=config.seed,
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
-        sampler=config.sampler,
+        sampler=sampler,
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
     )
     if config.pin_prefix:

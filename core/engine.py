@@ -91,9 +91,11 @@ class Engine:
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._learner = TickLearner(constraints, tuner)
         self._reserved = reserved_interactive  # sequences only interactive requests may take
-        if sampler not in SAMPLERS:
+        if sampler not in SAMPLERS or sampler == "auto":  # the daemon resolves auto
             raise ValueError(f"unknown sampler {sampler!r}: one of {', '.join(SAMPLERS)}")
         self._sampler_kind = sampler
+        self._device_k = runtime.params.device_top_k  # > 0: candidates come from the device
+        self._full_row: set[int] = set()  # sequences whose requests need the whole row
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
@@ -238,15 +240,28 @@ class Engine:
     def _new_sampler(
         self, seq_id: int, params: SamplingParams, default_seed: int
     ) -> TokenSampler | Sampler:
-        if self._sampler_kind == "numpy":
-            return TokenSampler(params, default_seed)
+        if self._sampler_kind in ("numpy", "backend-topk"):
+            sampler = TokenSampler(params, default_seed)
+            if self._device_k and sampler.needs_full_row(self._device_k):
+                self.runtime.set_device_top_k(seq_id, False)
+                self._full_row.add(seq_id)
+            return sampler
         backend_seq = seq_id if self._sampler_kind == "backend" else None
         return self.runtime.new_sampler(params, default_seed, backend_seq)
+
+    def _release_sampler(self, seq: Sequence) -> None:
+        if seq.sampler is not None:
+            seq.sampler.free()
+        if seq.seq_id in self._full_row:  # give the sequence its device top-k back
+            self._full_row.discard(seq.seq_id)
+            self.runtime.set_device_top_k(seq.seq_id, True)
 
     def _sample(self, seq: Sequence, row: int) -> int:
         """The session's next token from batch row ``row`` of the last decode."""
         sampler = seq.sampler
         if isinstance(sampler, TokenSampler):
+            if self._device_k and seq.seq_id not in self._full_row:
+                return sampler.sample_candidates(*self.runtime.candidates(row))
             return sampler.sample(self.runtime.logits_row(row))
         assert sampler is not None
         return self.runtime.sample(sampler, row)
@@ -458,8 +473,7 @@ class Engine:
                 self._prefix.store(seq)
             self.runtime.seq_clear(seq.seq_id)
             self._free_seq_ids.append(seq.seq_id)
-        if seq.sampler is not None:
-            seq.sampler.free()
+        self._release_sampler(seq)
         self.metrics.requests_total[reason] += 1
         self.metrics.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.active_sessions = len(self._running)

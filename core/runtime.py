@@ -53,6 +53,9 @@ class RuntimeParams:
     # backend sampling: outputs a sequence may have in one decode (speculative verification
     # asks for 1 + drafts); 0 = llama.cpp's default
     max_outputs_per_seq: int = 0
+    # > 0: every running sequence's outputs pass a top-k of this size inside the decode graph,
+    # so only k (id, logit) candidates per row reach the host (see candidates())
+    device_top_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,11 @@ class Sampler:
         self.free()
 
 
+def gpu_offload(n_gpu_layers: int) -> bool:
+    """Whether layers will run on a GPU (a GPU build and layers asked for)."""
+    return n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
+
+
 class Runtime:
     """One model, one context, one batch. Not thread-safe: the engine thread drives decode;
     tokenize/detokenize only read the vocab and may run on another thread."""
@@ -171,6 +179,14 @@ class Runtime:
         cparams.kv_unified = params.kv_unified
         cparams.no_perf = True
         cparams.n_outputs_max_per_seq = params.max_outputs_per_seq
+        # attached at creation (one graph reservation for good, not one per request)
+        self._top_k_chains = [self._top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
+        if params.device_top_k > 0:
+            configs = (ll.llama_sampler_seq_config * params.n_seq)()
+            for seq_id, chain in enumerate(self._top_k_chains):
+                configs[seq_id].seq_id = seq_id
+                configs[seq_id].sampler = ctypes.cast(chain, ctypes.c_void_p)
+            cparams.samplers, cparams.n_samplers = configs, params.n_seq
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             ll.llama_model_free(self.model)
@@ -311,6 +327,37 @@ class Runtime:
         ptr = ll.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
+    @staticmethod
+    def _top_k_chain(k: int) -> ll.llama_sampler_p | None:
+        if k <= 0:
+            return None
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
+        return chain
+
+    def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """The device top-k of a batch row: (token ids, their logits), unsorted views on
+        llama.cpp's buffers, valid until the next decode."""
+        n = ll.llama_get_sampled_candidates_count_ith(self.ctx, row)
+        ids = np.ctypeslib.as_array(ll.llama_get_sampled_candidates_ith(self.ctx, row), (n,))
+        logits = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(self.ctx, row), (n,))
+        return ids, logits
+
+    def set_device_top_k(self, seq_id: int, on: bool) -> None:
+        """Detach (a request that needs its whole logits row) or re-attach a sequence's
+        device top-k; each change costs one graph reservation at the next decode. A chain
+        is attached once in its life (llama.cpp initialises it for the graph then): re-attach
+        means a fresh one."""
+        old = self._top_k_chains[seq_id]
+        if on:
+            chain = self._top_k_chains[seq_id] = self._top_k_chain(self.params.device_top_k)
+            ll.llama_set_sampler(self.ctx, seq_id, chain)
+        else:
+            ll.llama_set_sampler(self.ctx, seq_id, None)
+            self._top_k_chains[seq_id] = None
+        if old is not None:
+            ll.llama_sampler_free(old)
+
     def new_sampler(
         self, params: SamplingParams, default_seed: int, backend_seq: int | None = None
     ) -> Sampler:
@@ -367,5 +414,8 @@ class Runtime:
         if getattr(self, "ctx", None):
             ll.llama_batch_free(self._batch)
             ll.llama_free(self.ctx)
+            for chain in self._top_k_chains:
+                if chain is not None:
+                    ll.llama_sampler_free(chain)
             ll.llama_model_free(self.model)
             self.ctx = None

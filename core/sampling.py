@@ -66,6 +66,36 @@ class TokenSampler:
         self.accept(token)
         return token
 
+    def needs_full_row(self, device_k: int) -> bool:
+        """True when a device top-k of ``device_k`` cannot stand in for the whole row:
+        penalties change logits before any truncation, and a wider top-k (or none) when
+        sampling needs tokens the device dropped."""
+        if self.penalized:
+            return True
+        return self.p.temperature > 0.0 and not (0 < self.p.top_k <= device_k)
+
+    def sample_candidates(self, ids: np.ndarray, logits: np.ndarray) -> int:
+        """The token from a device top-k (ids, logits): the chain's maths from top-k on, so
+        the same law as sampling the whole row (greedy: the same token)."""
+        p = self.p
+        if p.temperature <= 0.0:
+            best = logits.max()
+            token = int(ids[logits == best].min())  # the row's argmax: lowest id on a tie
+        else:
+            order = np.argsort(logits)[::-1][: p.top_k]
+            ids, cand = ids[order], logits[order].astype(np.float64)
+            if p.top_p < 1.0:
+                keep = int(np.searchsorted(np.cumsum(_softmax(cand)), p.top_p) + 1)
+                ids, cand = ids[:keep], cand[:keep]
+            if p.min_p > 0.0:
+                mask = cand >= cand[0] + np.log(p.min_p)
+                ids, cand = ids[mask], cand[mask]
+            probs = _softmax(cand / p.temperature)
+            pick = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum()))
+            token = int(ids[min(pick, len(probs) - 1)])
+        self.accept(token)
+        return token
+
     def _draw(self, logits: np.ndarray) -> int:
         p = self.p
         n = logits.shape[0]

@@ -60,10 +60,13 @@ def test_greedy_with_penalties_is_token_identical(runtime) -> None:
         SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=1),
         SamplingParams(temperature=0.7, top_p=0.8, seed=2),
         SamplingParams(temperature=1.0, min_p=0.05, seed=3),
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=4),
     ],
 )
 def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams) -> None:
-    """Many draws from one logits row: both samplers' frequencies agree (total variation)."""
+    """Many draws from one logits row: both samplers' frequencies agree (total variation);
+    with a top-k, so do draws from the row's top 64 candidates (what backend-topk gets from
+    the device)."""
     runtime.seq_clear(0)
     tokens = runtime.tokenize("Once upon a time, in a small village, there lived a")
     rc, rows = runtime.decode([Span(0, 0, tokens, True)])
@@ -71,6 +74,10 @@ def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams)
     n = 3000
     ours = TokenSampler(params, 0)
     mine = [ours._draw(row.copy()) for _ in range(n)]
+    top = np.argpartition(row, -64)[-64:]
+    np.random.default_rng(0).shuffle(top)  # the device's candidates come unsorted
+    ours_c = TokenSampler(params, 0)
+    mine_c = [ours_c.sample_candidates(top, row[top]) for _ in range(n)] if params.top_k else []
     theirs = []
     for i in range(n):
         chain = runtime.new_sampler(
@@ -90,20 +97,33 @@ def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams)
     q = np.array([theirs.count(t) for t in support]) / n
     assert len(set(mine)) > 1  # really sampling
     assert 0.5 * np.abs(p - q).sum() < 0.08, (support[:10], p[:10], q[:10])
+    if mine_c:
+        support = sorted(set(mine_c) | set(theirs))
+        pc = np.array([mine_c.count(t) for t in support]) / n
+        qc = np.array([theirs.count(t) for t in support]) / n
+        assert 0.5 * np.abs(pc - qc).sum() < 0.08, (support[:10], pc[:10], qc[:10])
 
 
-def test_daemon_greedy_output_same_with_either_sampler(tmp_path) -> None:
+@pytest.mark.parametrize("other", ["llama", "backend-topk"])
+def test_daemon_greedy_output_same_with_either_sampler(tmp_path, other: str) -> None:
     """Two fresh daemons, identical but for --sampler, fed the same requests in the same order
     (so their KV caches hold the same cells: llama.cpp's logits depend slightly on the cache
-    layout, which would flip near-tie tokens between differently used daemons)."""
+    layout, which would flip near-tie tokens between differently used daemons). The penalised
+    request takes backend-topk's whole-row path (its sequence's device top-k detached), the
+    plain one the device candidates."""
     flags = ("--n-ctx", "2048", "--prefix-cache-tokens", "0", "--policy", "")
     daemons = []
     try:
-        for kind in ("numpy", "llama"):
+        for kind in ("numpy", other):
             (tmp_path / kind).mkdir()
             daemons.append(start_daemon(tmp_path / kind, "--sampler", kind, *flags))
-        req = dict(max_tokens=24, stream=False, ignore_eos=True, repeat_penalty=1.2)
-        for prompt in ("The three laws of motion", "def fibonacci(n):"):
+        plain = dict(max_tokens=24, stream=False, ignore_eos=True)
+        penalised = dict(plain, repeat_penalty=1.2)
+        for prompt, req in (
+            ("The three laws of motion", penalised),
+            ("def fibonacci(n):", plain),
+            ("The history of Rome", plain),
+        ):
             texts = []
             for d in daemons:
                 with d.client() as c:
