@@ -46,9 +46,10 @@ class Config:
     bmt_budget: float = 0.0
     reserved_interactive_seqs: int = 1
     sampler: str = "auto"
+    overlap: str = "auto"
     prefix_cache_tokens: int = 4096
     prefix_cache_slots: int = 8
-    spec_draft: int = 6
+    spec_draft: int = -1
     spec_max_streams: int = 2
     pin_prefix: str = ""
     seed: int | None = None
@@ -121,6 +122,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "sequences background requests may not take, kept for interactive ones",
         "scheduler.reserved_interactive_seqs",
     ),
+    "overlap": (
+        "hand a tick's events to the I/O thread while the next tick runs on the device: auto "
+        "(when layers run on a GPU, whose decode returns before the device finishes), on, off",
+        "scheduler.overlap",
+    ),
     "sampler": (
         "token sampling: numpy (argmax / partial selection on the logits rows, no copy), "
         "llama (llama.cpp's sampler chain per sequence), backend (that chain run inside the "
@@ -141,7 +147,8 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "spec_draft": (
         "speculative decoding (policy 'spec'): prompt-lookup tokens verified per tick at most "
-        "(0: off)",
+        "(0: off; -1: 6 on the CPU, off when layers run on a GPU, where verification ticks "
+        "cost more than they save: docs/BENCHMARKS.md)",
         "scheduler.spec_draft",
     ),
     "spec_max_streams": (
@@ -258,11 +265,14 @@ def validate(c: Config) -> None:
         "starve_ms",
         "prefix_cache_tokens",
         "prefix_cache_slots",
-        "spec_draft",
         "spec_max_streams",
     ):
         if getattr(c, name) < 0:
             problems.append(f"{name} must not be negative")
+    if c.overlap not in ("auto", "on", "off"):
+        problems.append("overlap must be auto, on or off")
+    if c.spec_draft < -1:
+        problems.append("spec_draft must be -1 (auto), 0 (off) or positive")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0:
         problems.append("bg_tick_ms must be positive and hold_ticks not negative")
     if c.sampler not in SAMPLERS:

@@ -26,10 +26,12 @@ log = logging.getLogger("uma.daemon")
 
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     prefix_cache = config.prefix_cache_tokens > 0 and config.prefix_cache_slots > 0
+    on_gpu = gpu_offload(config.n_gpu_layers)
     sampler = config.sampler
     if sampler == "auto":
-        sampler = "backend-topk" if gpu_offload(config.n_gpu_layers) else "numpy"
-    log.info("token sampling: %s", sampler)
+        sampler = "backend-topk" if on_gpu else "numpy"
+    spec_draft = config.spec_draft if config.spec_draft >= 0 else (0 if on_gpu else 6)
+    log.info("token sampling: %s; speculative draft: %d", sampler, spec_draft)
     runtime = Runtime(
         RuntimeParams(
             model_path=config.model or cfg.default_model_path(),
@@ -44,7 +46,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
             shadow=prefix_cache,
             # backend sampling: room for speculative verification's 1 + drafts outputs
-            max_outputs_per_seq=config.spec_draft + 1 if sampler.startswith("backend") else 0,
+            max_outputs_per_seq=spec_draft + 1 if sampler.startswith("backend") else 0,
             device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
         )
     )
@@ -64,7 +66,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         starve_ms=config.starve_ms,
         bmt_budget_gbs=config.bmt_budget or None,
         model=facts,
-        spec_max_draft=config.spec_draft if "spec" in names else 0,
+        spec_max_draft=spec_draft if "spec" in names else 0,
         spec_max_streams=config.spec_max_streams,
     )
     tuner = None
@@ -82,6 +84,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
         sampler=sampler,
+        overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
     )
     if config.pin_prefix:

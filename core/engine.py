@@ -63,8 +63,13 @@ class Engine:
         reserved_interactive: int = 0,
         sampler: str = "numpy",
         prefix_cache_tokens: int = 0,
+        overlap: bool = False,
     ) -> None:
         self.runtime = runtime
+        # hand a tick's events to the I/O thread only once the next tick is launched: a GPU
+        # decode returns before the device finishes, and the I/O thread's encoding then runs
+        # while this thread waits on the device (GIL released) instead of beside the planning
+        self._overlap = overlap
         self.policy = policy
         self.constraints = constraints
         self.sink = sink
@@ -158,7 +163,8 @@ class Engine:
                     except Exception:  # a bug costs the running requests, not the daemon
                         log.exception("tick failed: ending the running requests")
                         self._fail_running("internal error in the engine tick")
-                self._flush()
+                if not (self._overlap and self._running):  # else the next tick flushes
+                    self._flush()
         except Exception:
             log.exception("engine thread crashed")
             self._drain("engine failure", reason="error")
@@ -297,6 +303,7 @@ class Engine:
         state = self.snapshot()
         plan = self.policy.schedule_tick(state, constraints)
         if plan.empty:
+            self._flush()
             return
         spans = [
             self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items
@@ -304,6 +311,8 @@ class Engine:
         t0 = time.perf_counter()
         self._learner.tick_started(t0)
         rc, rows = self.runtime.decode(spans)
+        if self._overlap:
+            self._flush()  # the previous tick's events, while the device computes this one
         ms = (time.perf_counter() - t0) * 1e3
         self._learner.tick_decoded(t0, ms)
         if rc != 0:
