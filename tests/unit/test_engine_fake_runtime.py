@@ -18,6 +18,7 @@ VOCAB = 16
 class Params:
     n_seq: int = 4
     n_seq_cache: int = 0
+    device_top_k: int = 0
 
 
 class FakeRuntime:
