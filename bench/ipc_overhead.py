@@ -85,9 +85,9 @@ async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> d
     names = list(paths)
     progress = common.bar(len(names) * n_req, NAME)
     for i in range(n_req):
-        # a few tokens: the gateway's cost does not grow with the prompt, and a tiny
-        # prefill keeps the noise on each TTFT small enough to resolve a millisecond
-        prompt = f"Story {i}. Once upon a time,"
+        # two or three tokens: the gateway's cost does not grow with the prompt, and the
+        # shortest prefill keeps each TTFT's noise small enough to resolve a millisecond
+        prompt = f"{i}."
         for name in names[i % len(names) :] + names[: i % len(names)]:
             spec = RequestSpec(prompt, n, seed=args.seed + i, tag=name)
             c0, g0, t0 = time.process_time(), proc_cpu_s(gw_pid), time.perf_counter()

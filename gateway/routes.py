@@ -25,6 +25,7 @@ from uma_serve.gateway.streaming import (
     Job,
     collect,
     end_error,
+    first_event,
     race_disconnect,
     sse_response,
 )
@@ -224,7 +225,7 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     events = request.app.state.pool.stream(job.generate)
     try:
-        first = await race_disconnect(request, anext(events))
+        first = await first_event(request, events)
     except CoreError as exc:
         await events.aclose()
         raise _core_api_error(exc, job) from None

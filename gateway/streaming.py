@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 import msgspec
+from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 
@@ -154,6 +155,32 @@ async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
 
+async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Event:
+    """The stream's first event, awaited on this task itself (the TTFT path: no wrapper task,
+    no asyncio.wait); a watcher cancels this task if the client disconnects first, which
+    becomes ClientGone."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_disconnect(request)
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await anext(events)
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientGone from None
+    finally:
+        watcher.cancel()
+
+
 async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
     """Run a non-streamed request to its end and build the whole response body."""
     parts: list[str] = []
@@ -180,8 +207,25 @@ class GuardedEventSource(EventSourceResponse):
         self._cleanup = cleanup
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """The headers and the first chunk (ready: the route waited for the first token) go
+        out from this task at once; sse-starlette's task group (pings, disconnects, the rest
+        of the stream) starts after them, so its start-up is not on the TTFT path."""
         try:
-            await super().__call__(scope, receive, send)
+            try:
+                first = await anext(self.body_iterator)  # type: ignore[call-overload]
+                start = {"type": "http.response.start", "status": self.status_code}
+                await send({**start, "headers": self.raw_headers})
+                body = ensure_bytes(first, self.sep)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            except BaseException:
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                raise
+
+            async def rest(message: Any) -> None:
+                if message["type"] != "http.response.start":  # already sent
+                    await send(message)
+
+            await super().__call__(scope, receive, rest)
         finally:
             await self._cleanup()
 
@@ -215,11 +259,13 @@ def sse_response(
             while ev is not None:
                 if isinstance(ev, p.TokenEvent):
                     text = ev.text
-                    if not sent_any:
-                        text = job.echo + text
-                        if job.kind == "chat":
-                            yield job.chunk([job.delta("", role=True)])
+                    if not sent_any:  # the role delta and the first text, in one write
                         sent_any = True
+                        role = job.chunk([job.delta("", role=True)]) if job.kind == "chat" else ""
+                        head = f"data: {role}\n\n".encode() if role else b""
+                        yield head + job.content_event(job.echo + text)
+                        ev = await anext(events, None)
+                        continue
                     yield job.content_event(text)
                 elif isinstance(ev, p.EosEvent | p.CompletionEvent):
                     if err := end_error(job, ev):
