@@ -196,6 +196,9 @@ class CoreCollector(Collector):
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+ADDED_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
 class GatewayMetrics:
     """The gateway's registry: the core collector plus its own HTTP counters."""
 
@@ -214,6 +217,13 @@ class GatewayMetrics:
             "HTTP request time until the last byte of the response (streams included).",
             ["route", "method"],
             buckets=HTTP_BUCKETS,
+            registry=self.registry,
+        )
+        self.added_latency = Histogram(
+            "uma_gateway_added_latency_seconds",
+            "What the gateway adds to a stream's time to first token: request arrival to the "
+            "core request sent, plus the first core event to the first body byte handed out.",
+            buckets=ADDED_BUCKETS,
             registry=self.registry,
         )
         self.inflight = Gauge(
@@ -243,6 +253,7 @@ class HttpMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        scope.setdefault("state", {})["uma_arrival"] = start  # routes time the gateway's share
         status = 500
 
         async def send_wrapper(message: Message) -> None:

@@ -8,6 +8,7 @@ an unknown model, 400 for max_tokens or prompt size), then run it through the co
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from contextlib import aclosing
 from typing import Any
@@ -224,6 +225,7 @@ def _core_api_error(exc: CoreError, job: Job) -> ApiError:
 async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     events = request.app.state.pool.stream(job.generate)
+    sent = time.perf_counter()
     try:
         first = await first_event(request, events)
     except CoreError as exc:
@@ -235,7 +237,15 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     if isinstance(first, p.EosEvent | p.CompletionEvent) and first.reason not in ("stop", "length"):
         await events.aclose()
         raise end_error(job, first)  # type: ignore[misc]
-    return sse_response(job, first, events, on_close, headers={"X-Request-Id": job.id})
+    arrived, got = getattr(request.state, "uma_arrival", sent), time.perf_counter()
+
+    def observe() -> None:
+        gateway_s = (sent - arrived) + (time.perf_counter() - got)
+        request.app.state.metrics.added_latency.observe(gateway_s)
+
+    return sse_response(
+        job, first, events, on_close, headers={"X-Request-Id": job.id}, on_first_sent=observe
+    )
 
 
 async def list_models(request: Request) -> Response:

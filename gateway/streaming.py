@@ -202,9 +202,16 @@ class GuardedEventSource(EventSourceResponse):
     client left before the first send): this wrapper still frees the slot and the core request.
     """
 
-    def __init__(self, *args: Any, cleanup: Callable[[], Awaitable[None]], **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        cleanup: Callable[[], Awaitable[None]],
+        on_first_sent: Callable[[], None] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self._cleanup = cleanup
+        self._on_first_sent = on_first_sent
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """The headers and the first chunk (ready: the route waited for the first token) go
@@ -217,6 +224,8 @@ class GuardedEventSource(EventSourceResponse):
                 await send({**start, "headers": self.raw_headers})
                 body = ensure_bytes(first, self.sep)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
+                if self._on_first_sent is not None:
+                    self._on_first_sent()
             except BaseException:
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
                 raise
@@ -236,6 +245,7 @@ def sse_response(
     events: AsyncIterator[p.Event],
     on_close: Callable[[], None],
     headers: dict[str, str] | None = None,
+    on_first_sent: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
     """The stream, starting from an already received first event."""
     closed = False
@@ -286,4 +296,6 @@ def sse_response(
         finally:
             await cleanup()
 
-    return GuardedEventSource(body(), headers=headers, sep="\n", ping=15, cleanup=cleanup)
+    return GuardedEventSource(
+        body(), headers=headers, sep="\n", ping=15, cleanup=cleanup, on_first_sent=on_first_sent
+    )

@@ -115,6 +115,9 @@ def test_prometheus_scrapes_gateway_while_requests_run(prometheus, gateway, mode
         wait_for_value(
             prometheus, 'sum(uma_http_requests_total{route="/v1/completions",status="200"})'
         )
+        assert wait_for_value(prometheus, "uma_gateway_added_latency_seconds_count") >= 1
+        added = wait_for_value(prometheus, "uma_gateway_added_latency_seconds_sum")
+        assert 0 < added < 60  # seconds, summed: a share of each request, not the request
     finally:
         stop.set()
         worker.join(60)
