@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from uma_serve.core import protocol as p
-from uma_serve.core.config import SAMPLERS
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import (
     Constraints,
@@ -31,8 +30,8 @@ from uma_serve.core.policy.prefix import PrefixIndex
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.prefix_store import PrefixStore
-from uma_serve.core.runtime import Runtime, Sampler, SamplingParams, Span
-from uma_serve.core.sampling import TokenSampler
+from uma_serve.core.runtime import Runtime, Span
+from uma_serve.core.samplers import Samplers
 from uma_serve.core.sequence import RequestKey, Sequence
 from uma_serve.core.tick_learner import TickLearner
 
@@ -96,11 +95,7 @@ class Engine:
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._learner = TickLearner(constraints, tuner)
         self._reserved = reserved_interactive  # sequences only interactive requests may take
-        if sampler not in SAMPLERS or sampler == "auto":  # the daemon resolves auto
-            raise ValueError(f"unknown sampler {sampler!r}: one of {', '.join(SAMPLERS)}")
-        self._sampler_kind = sampler
-        self._device_k = runtime.params.device_top_k  # > 0: candidates come from the device
-        self._full_row: set[int] = set()  # sequences whose requests need the whole row
+        self._samplers = Samplers(runtime, sampler)
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
@@ -218,21 +213,7 @@ class Engine:
             self._waiting.remove(seq)
             seq.seq_id = self._free_seq_ids.pop()
             seq.admitted_ns = seq.last_progress_ns = now
-            req = seq.request
-            seq.sampler = self._new_sampler(
-                seq.seq_id,
-                SamplingParams(
-                    temperature=req.temperature,
-                    top_p=req.top_p,
-                    top_k=req.top_k,
-                    min_p=req.min_p,
-                    seed=req.seed,
-                    presence_penalty=req.presence_penalty,
-                    frequency_penalty=req.frequency_penalty,
-                    repeat_penalty=req.repeat_penalty,
-                ),
-                default_seed=self._rng.getrandbits(32),
-            )
+            seq.sampler = self._samplers.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
             if self._prefix is not None:
                 self._prefix.reuse(seq)
@@ -242,35 +223,6 @@ class Engine:
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.waiting_sessions = len(self._waiting)
         self.metrics.active_sessions = len(self._running)
-
-    def _new_sampler(
-        self, seq_id: int, params: SamplingParams, default_seed: int
-    ) -> TokenSampler | Sampler:
-        if self._sampler_kind in ("numpy", "backend-topk"):
-            sampler = TokenSampler(params, default_seed)
-            if self._device_k and sampler.needs_full_row(self._device_k):
-                self.runtime.set_device_top_k(seq_id, False)
-                self._full_row.add(seq_id)
-            return sampler
-        backend_seq = seq_id if self._sampler_kind == "backend" else None
-        return self.runtime.new_sampler(params, default_seed, backend_seq)
-
-    def _release_sampler(self, seq: Sequence) -> None:
-        if seq.sampler is not None:
-            seq.sampler.free()
-        if seq.seq_id in self._full_row:  # give the sequence its device top-k back
-            self._full_row.discard(seq.seq_id)
-            self.runtime.set_device_top_k(seq.seq_id, True)
-
-    def _sample(self, seq: Sequence, row: int) -> int:
-        """The session's next token from batch row ``row`` of the last decode."""
-        sampler = seq.sampler
-        if isinstance(sampler, TokenSampler):
-            if self._device_k and seq.seq_id not in self._full_row:
-                return sampler.sample_candidates(*self.runtime.candidates(row))
-            return sampler.sample(self.runtime.logits_row(row))
-        assert sampler is not None
-        return self.runtime.sample(sampler, row)
 
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
         """Keep ``tokens``' KV resident for good (call before start): see PrefixStore.pin."""
@@ -428,7 +380,7 @@ class Engine:
                 self._fail(seq, p.E_RUNTIME, f"llama_decode failed (rc={rc})", now)
 
     def _on_logits(self, seq: Sequence, row: int, now: int) -> None:
-        token = self._sample(seq, row)
+        token = self._samplers.sample(seq.seq_id, seq.sampler, row)
         req = seq.request
         if self.runtime.is_eog(token) and not req.ignore_eos:
             self._finish(seq, "stop", now, token=token)
@@ -482,7 +434,7 @@ class Engine:
                 self._prefix.store(seq)
             self.runtime.seq_clear(seq.seq_id)
             self._free_seq_ids.append(seq.seq_id)
-        self._release_sampler(seq)
+        self._samplers.release(seq.seq_id, seq.sampler)
         self.metrics.requests_total[reason] += 1
         self.metrics.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.active_sessions = len(self._running)

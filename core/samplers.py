@@ -1,0 +1,66 @@
+"""Which sampler a session gets, and where its token comes from after a decode.
+
+Modes (``--sampler``; the daemon resolves ``auto``): ``numpy`` samples the logits row on the
+host (core/sampling.py); ``backend-topk`` has the device keep a top-k per row and numpy
+finish the chain on those candidates, except for requests that need the whole row
+(penalties, a wider top-k), whose sequence's device top-k is detached for their lifetime;
+``llama`` runs llama.cpp's chain per session on the host; ``backend`` attaches that chain to
+the context so the device draws the token.
+"""
+
+from __future__ import annotations
+
+from uma_serve.core import protocol as p
+from uma_serve.core.config import SAMPLERS
+from uma_serve.core.runtime import Runtime, Sampler, SamplingParams
+from uma_serve.core.sampling import TokenSampler
+
+
+def sampling_params(req: p.Generate) -> SamplingParams:
+    return SamplingParams(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repeat_penalty=req.repeat_penalty,
+    )
+
+
+class Samplers:
+    def __init__(self, runtime: Runtime, mode: str) -> None:
+        if mode not in SAMPLERS or mode == "auto":  # the daemon resolves auto
+            raise ValueError(f"unknown sampler {mode!r}: one of {', '.join(SAMPLERS)}")
+        self.runtime = runtime
+        self.mode = mode
+        self.device_k = runtime.params.device_top_k  # > 0: candidates come from the device
+        self.full_row: set[int] = set()  # sequences whose requests need the whole row
+
+    def new(self, seq_id: int, req: p.Generate, default_seed: int) -> TokenSampler | Sampler:
+        params = sampling_params(req)
+        if self.mode in ("numpy", "backend-topk"):
+            sampler = TokenSampler(params, default_seed)
+            if self.device_k and sampler.needs_full_row(self.device_k):
+                self.runtime.set_device_top_k(seq_id, False)
+                self.full_row.add(seq_id)
+            return sampler
+        backend_seq = seq_id if self.mode == "backend" else None
+        return self.runtime.new_sampler(params, default_seed, backend_seq)
+
+    def release(self, seq_id: int, sampler: TokenSampler | Sampler | None) -> None:
+        if sampler is not None:
+            sampler.free()
+        if seq_id in self.full_row:  # give the sequence its device top-k back
+            self.full_row.discard(seq_id)
+            self.runtime.set_device_top_k(seq_id, True)
+
+    def sample(self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int) -> int:
+        """The session's next token from batch row ``row`` of the last decode."""
+        if isinstance(sampler, TokenSampler):
+            if self.device_k and seq_id not in self.full_row:
+                return sampler.sample_candidates(*self.runtime.candidates(row))
+            return sampler.sample(self.runtime.logits_row(row))
+        assert sampler is not None
+        return self.runtime.sample(sampler, row)
