@@ -1,5 +1,9 @@
 """mixed-load: 3 interactive sessions (a few turns each) plus 1 long document summary in the
-background; per-token CSV (session_id,token_idx,ts_ms,is_interactive), ITL p50/p95 per class."""
+background; per-token CSV (session_id,token_idx,ts_ms,is_interactive), ITL p50/p95 per class.
+
+The sessions first run alone (no document): that is the "solo" the north-star ratio refers to
+here, the same interactive load without the background work, as storm's solo is its one
+interactive stream without the storm."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import time
 
 from uma_serve.bench import common
 from uma_serve.bench.report import RunDir, plot_gaps
-from uma_serve.bench.stats import gaps
+from uma_serve.bench.stats import gaps, ratio
+from uma_serve.bench.storm import RATIO_KEYS
 from uma_serve.bench.targets import RequestResult, RequestSpec, Target
 from uma_serve.bench.workloads import Workload
 
@@ -19,6 +24,8 @@ KEY_METRICS = [
     ("interactive.itl_p50_ms", "lower"),
     ("interactive.itl_p95_ms", "lower"),
     ("interactive.worst_pause_max_ms", "lower"),
+    ("alone.itl_p95_ms", "lower"),
+    ("ratio_to_alone.itl_p95_ms", "lower"),
     ("background.itl_p95_ms", "lower"),
     ("background.e2e_max_ms", "lower"),
 ]
@@ -34,7 +41,25 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--think-s", type=float, default=0.2, help="pause between turns (s)")
 
 
+async def interactive_sessions(
+    target: Target, args: argparse.Namespace, wl: Workload, turns: int, n: int, bar, salt: int
+) -> list[list[RequestResult]]:
+    async def session(s: int) -> list[RequestResult]:
+        out = []
+        for t in range(turns):
+            seed = args.seed + salt + 10 * s + t
+            spec = RequestSpec(wl.chat_prompt(40), n, seed=seed, tag=f"s{s}")
+            out.append(await target.generate(spec))
+            bar.update(1)
+            await asyncio.sleep(args.think_s)
+        return out
+
+    return list(await asyncio.gather(*(session(s) for s in range(args.sessions))))
+
+
 async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    """The interactive sessions alone first (their baseline: the same sessions, same shape,
+    no document), then again beside the document; ratios are loaded / alone."""
     wl = Workload(args.seed)
     turns = args.turns or (2 if args.quick else 3)
     n = args.max_tokens or (12 if args.quick else 48)
@@ -45,16 +70,10 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         seed=args.seed,
         tag="doc",
     )
-    progress = common.bar(args.sessions * turns + 1, "mixed-load")
-
-    async def session(s: int) -> list[RequestResult]:
-        out = []
-        for t in range(turns):
-            spec = RequestSpec(wl.chat_prompt(40), n, seed=args.seed + 10 * s + t, tag=f"s{s}")
-            out.append(await target.generate(spec))
-            progress.update(1)
-            await asyncio.sleep(args.think_s)
-        return out
+    progress = common.bar(2 * args.sessions * turns + 1, "mixed-load")
+    t0 = time.perf_counter()
+    alone = await interactive_sessions(target, args, wl, turns, n, progress, 500)
+    alone_dt = time.perf_counter() - t0
 
     async def document() -> RequestResult:
         r = await target.generate(doc)
@@ -63,7 +82,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
 
     t0 = time.perf_counter()
     doc_task = asyncio.create_task(document())
-    sessions = await asyncio.gather(*(session(s) for s in range(args.sessions)))
+    sessions = await interactive_sessions(target, args, wl, turns, n, progress, 0)
     doc_res = await doc_task
     dt = time.perf_counter() - t0
     progress.close()
@@ -77,14 +96,18 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
             streams.append((sid, ts[1:], gaps(r.token_ms)))
     run.write_csv("tokens.csv", ["session_id", "token_idx", "ts_ms", "is_interactive"], rows)
     plot_gaps(run, "gaps.png", f"mixed-load on {target.name}: inter-token gaps", streams)
+    base = [r for rs in alone for r in rs]
     inter = [r for rs in sessions for r in rs]
+    a = common.summarize(base, alone_dt).to_dict()
     i = common.summarize(inter, dt).to_dict()
     b = common.summarize([doc_res], dt).to_dict()
     return {
+        "alone": a,
         "interactive": i,
+        "ratio_to_alone": {key: ratio(i[key], a[key]) for key in RATIO_KEYS},
         "background": b,
-        "failed": i["failed"] + b["failed"],
-        "errors": common.errors([*inter, doc_res]),
+        "failed": a["failed"] + i["failed"] + b["failed"],
+        "errors": common.errors([*base, *inter, doc_res]),
     }
 
 

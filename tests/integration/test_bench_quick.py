@@ -74,6 +74,8 @@ def test_bench_quick(scenario: str, tmp_path: Path) -> None:
         assert summary["ratio_to_solo"]["itl_p50_ms"] > 0
     if scenario == "mixed-load":
         assert rows[0] == ["session_id", "token_idx", "ts_ms", "is_interactive"]
+        assert summary["alone"]["output_tokens"] > 0
+        assert summary["ratio_to_alone"]["itl_p95_ms"] > 0
     if scenario == "long-ctx":
         assert rows[0] == ["ctx", "tps", "itl_p95_ms"]
     if scenario == "ipc-overhead":
