@@ -41,6 +41,7 @@ class Config:
     slo_ttft_ms: float = 250.0
     headroom: float = 0.2
     bg_tick_ms: float = 60.0
+    quiet_ms: float = 1000.0
     hold_ticks: int = 8
     starve_ms: float = 2000.0
     bmt_budget: float = 0.0
@@ -108,6 +109,12 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     "bg_tick_ms": (
         "tick bound when no interactive stream decodes (bounds a new request's wait)",
         "scheduler.bg_tick_ms",
+    ),
+    "quiet_ms": (
+        "after this long without interactive requests, background ticks are bounded by "
+        "--n-batch only (faster prefill), and an arriving interactive request aborts the "
+        "running one instead of waiting for it (0: always --bg-tick-ms)",
+        "scheduler.quiet_ms",
     ),
     "hold_ticks": (
         "ticks background prefill is held after an over-budget tick (hysteresis)",
@@ -263,6 +270,7 @@ def validate(c: Config) -> None:
         "headroom",
         "bmt_budget",
         "starve_ms",
+        "quiet_ms",
         "prefix_cache_tokens",
         "prefix_cache_slots",
         "spec_max_streams",

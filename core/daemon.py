@@ -62,6 +62,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         slo_ttft_ms=config.slo_ttft_ms or None,
         headroom=config.headroom,
         bg_tick_ms=config.bg_tick_ms,
+        quiet_ms=config.quiet_ms,
         hold_ticks=config.hold_ticks,
         starve_ms=config.starve_ms,
         bmt_budget_gbs=config.bmt_budget or None,

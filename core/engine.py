@@ -38,6 +38,7 @@ from uma_serve.core.tick_learner import TickLearner
 log = logging.getLogger("uma.engine")
 
 Outgoing = tuple[int, p.Event]  # (connection id, event)
+ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 Sink = Callable[[list[Outgoing]], None]
 
 
@@ -99,6 +100,10 @@ class Engine:
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
+        # an interactive arrival aborts a running tick that no interactive request waits on
+        # (only with quiet_ms: those are the long ticks); both read and written under _cond
+        self._abortable = False
+        self._last_interactive_ns = 0
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----
@@ -107,7 +112,11 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
-        self._post("submit", sub)
+        with self._cond:
+            self._inbox.append(("submit", sub))
+            if self._abortable and sub.request.qos == "interactive":
+                self.runtime.abort()
+            self._cond.notify()
 
     def cancel(self, key: RequestKey) -> None:
         self._post("cancel", key)
@@ -246,8 +255,12 @@ class Engine:
         if self._spec > 0:
             self._propose_drafts()
         views = tuple(s.view() for s in self._running.values())
-        stats = self._learner.stats
-        return SchedulerState(sessions=views, stats=stats, now_ns=time.monotonic_ns())
+        now = time.monotonic_ns()
+        if any(v.qos == "interactive" for v in views) or any(
+            s.request.qos == "interactive" for s in self._waiting
+        ):
+            self._last_interactive_ns = now
+        return SchedulerState(views, self._learner.stats, now, self._last_interactive_ns)
 
     def step(self) -> None:
         """One tick: plan, decode, sample."""
@@ -262,11 +275,22 @@ class Engine:
         ]
         t0 = time.perf_counter()
         self._learner.tick_started(t0)
+        abortable = self.constraints.quiet_ms > 0 and not self._serves_interactive()
+        if abortable:
+            self._set_abortable(True)
         rc, rows = self.runtime.decode(spans)
+        if abortable:
+            self._set_abortable(False)
         if self._overlap:
             self._flush()  # the previous tick's events, while the device computes this one
         ms = (time.perf_counter() - t0) * 1e3
         self._learner.tick_decoded(t0, ms)
+        if rc == ABORTED:  # an interactive request arrived: it is admitted next tick
+            for span in spans:
+                self.runtime.seq_trim(span.seq_id, span.pos)
+            self.metrics.ticks_aborted_total += 1
+            self._learner.idle()  # the aborted tick's time teaches nothing
+            return
         if rc != 0:
             self._decode_failed(rc, plan, spans)
             return
@@ -302,6 +326,22 @@ class Engine:
             if row >= 0:
                 self._on_logits(seq, row, now)
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
+
+    def _serves_interactive(self) -> bool:
+        return any(s.request.qos == "interactive" for s in self._running.values())
+
+    def _set_abortable(self, on: bool) -> None:
+        """Open (or close) the window in which an interactive arrival aborts the decode; one
+        already in the inbox aborts it at once."""
+        with self._cond:
+            self._abortable = on
+            if on and any(
+                op == "submit" and arg.request.qos == "interactive"  # type: ignore[attr-defined]
+                for op, arg in self._inbox
+            ):
+                self.runtime.abort()
+            elif not on:
+                self.runtime.clear_abort()
 
     def _span(self, seq_id: int, phase: Phase, n: int, logits: bool) -> Span:
         seq = self._running[seq_id]

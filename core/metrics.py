@@ -63,6 +63,7 @@ class EngineMetrics:
         self.requests_total = dict.fromkeys(END_REASONS, 0)
         self.prefill_guard_active = 0
         self.ticks_over_budget_total = 0
+        self.ticks_aborted_total = 0
         self.tick_ms_predicted_last = 0.0
         self.tick_overhead_ms_ewma = 0.0
         self.tick_budget_ms_last = 0.0
@@ -130,6 +131,7 @@ class EngineMetrics:
             "requests_total": dict(self.requests_total),
             "prefill_guard_active": self.prefill_guard_active,
             "ticks_over_budget_total": self.ticks_over_budget_total,
+            "ticks_aborted_total": self.ticks_aborted_total,
             "tick_ms_predicted_last": self.tick_ms_predicted_last,
             "tick_overhead_ms_ewma": self.tick_overhead_ms_ewma,
             "tick_budget_ms_last": self.tick_budget_ms_last,

@@ -24,14 +24,27 @@ _LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 _llama_log = logging.getLogger("uma.llama")
 
 
+# Abort flags of the live runtimes: while one is raised, llama.cpp's complaints about the
+# aborted graph are expected and logged at debug level only.
+_abort_flags: list[ctypes.Array] = []
+
+
 @ll.llama_log_callback
 def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     msg = text.decode("utf-8", "replace").rstrip()
     if msg:
-        _llama_log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", msg)
+        aborting = any(flag.value for flag in _abort_flags)
+        level = logging.DEBUG if aborting else _LOG_LEVELS.get(level, logging.DEBUG)
+        _llama_log.log(level, "%s", msg)
 
 
 ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+# llama.cpp asks ``abort_callback(data)`` between the nodes of a running graph. The callback is
+# libc's strlen over a two-byte flag (b"\x01\x00" -> 1: abort, b"\x00\x00" -> 0): plain C,
+# so nothing in Python (and no GIL) runs inside a decode, and another thread stops one by
+# writing one byte.
+_STRLEN_ABORT = ll.ggml_abort_callback(ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value)
 
 
 @dataclass(frozen=True)
@@ -187,10 +200,14 @@ class Runtime:
                 configs[seq_id].seq_id = seq_id
                 configs[seq_id].sampler = ctypes.cast(chain, ctypes.c_void_p)
             cparams.samplers, cparams.n_samplers = configs, params.n_seq
+        self._abort = ctypes.create_string_buffer(2)
+        cparams.abort_callback = _STRLEN_ABORT
+        cparams.abort_callback_data = ctypes.cast(self._abort, ctypes.c_void_p)
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             ll.llama_model_free(self.model)
             raise RuntimeError("llama.cpp could not create a context (n_ctx too large?)")
+        _abort_flags.append(self._abort)
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.memory = ll.llama_get_memory(self.ctx)
         self.n_ctx = ll.llama_n_ctx(self.ctx)
@@ -289,7 +306,8 @@ class Runtime:
         """Fill the batch from spans and run one llama_decode.
 
         Returns (rc, batch index of each span's logits row or -1). rc 0 is success; rc 1
-        means no KV slot for this batch: the caller shrinks the next one (a soft failure).
+        means no KV slot for this batch: the caller shrinks the next one (a soft failure);
+        rc 2 means ``abort`` stopped it (llama.cpp took the batch's cells back).
         A span with ``all_logits`` has logits on every token; its entry is the first row (the
         rows of its tokens are consecutive).
         """
@@ -320,6 +338,13 @@ class Runtime:
                     self.memory, span.seq_id, shadow, span.pos, span.pos + len(span.tokens)
                 )
         return rc, rows
+
+    def abort(self) -> None:
+        """Stop the running decode (any thread): it returns rc 2 within one graph node."""
+        self._abort[0] = b"\x01"
+
+    def clear_abort(self) -> None:
+        self._abort[0] = b"\x00"
 
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of a batch row as a numpy view on llama.cpp's buffer (no copy); valid
@@ -419,3 +444,5 @@ class Runtime:
                     ll.llama_sampler_free(chain)
             ll.llama_model_free(self.model)
             self.ctx = None
+            if self._abort in _abort_flags:
+                _abort_flags.remove(self._abort)

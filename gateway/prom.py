@@ -86,6 +86,10 @@ COUNTERS = {
         "uma_ticks_over_budget_total",
         "Ticks whose decode time passed the budget the guard planned for.",
     ),
+    "ticks_aborted_total": (
+        "uma_ticks_aborted_total",
+        "Background ticks stopped mid-decode because an interactive request arrived.",
+    ),
     "prefix_cache_queries_total": (
         "uma_prefix_cache_queries_total",
         "Admitted requests looked up in the prefix cache.",

@@ -58,6 +58,7 @@ class SchedulerState:
     sessions: tuple[SessionView, ...]
     stats: EngineStats
     now_ns: int
+    last_interactive_ns: int = 0  # when an interactive request last ran or waited (0: never)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,9 @@ class Constraints:
     slo_ttft_ms: float | None = None  # None: interactive prefill ticks up to bg_tick_ms
     headroom: float = 0.2
     bg_tick_ms: float = 60.0  # bound on ticks without interactive work
+    # no interactive request for this long: ticks without interactive work are bounded by
+    # n_batch only (the engine aborts such a tick when an interactive request arrives); 0: off
+    quiet_ms: float = 0.0
     hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
     starve_ms: float = 2000.0  # any session waits at most this long between progress
     # QoS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from uma_serve.clients import AsyncUmaClient
 from uma_serve.core import protocol as p
@@ -156,3 +157,30 @@ def test_queued_requests_run_when_a_whole_batch_ends_in_one_tick(umad) -> None:
             assert ev.usage.completion_tokens == 5
             ended.add(ev.id)
     s.close()
+
+
+def test_an_interactive_arrival_aborts_a_long_background_tick(tmp_path) -> None:
+    """Once interactive traffic is quiet, background prefill runs in whole-batch ticks (over a
+    second each here); an interactive request arriving meanwhile stops the tick instead of
+    waiting for it, and the background request redoes that chunk and still completes."""
+    daemon = start_daemon(tmp_path, "--quiet-ms", "1")
+    try:
+        doc = "The cat sat on the mat and looked at the garden. " * 150  # ~1,650 tokens
+        with daemon.client() as bg, daemon.client() as chat:
+            bg.send(gen(doc, id="doc", max_tokens=4, qos="background", ignore_eos=True))
+            deadline = time.monotonic() + 120
+            while daemon.metrics()["prompt_tokens_total"] < 512:  # one whole tick is done,
+                assert time.monotonic() < deadline  # the next 512-token tick is running
+                time.sleep(0.02)
+            answer = chat.complete(gen("Say hi.", id="chat", max_tokens=4, ignore_eos=True))
+            assert answer.reason == "length" and answer.usage.completion_tokens == 4
+            events = [bg.read_event()]
+            while not isinstance(events[-1], p.EosEvent):
+                events.append(bg.read_event())
+        assert events[-1].reason == "length" and events[-1].usage.completion_tokens == 4
+        m = wait_idle(daemon)
+        assert m["ticks_aborted_total"] >= 1
+        assert m["kv_cells_used"] == 0
+        assert "ERROR" not in daemon.log()  # the abort's llama.cpp messages stay at debug
+    finally:
+        daemon.stop()

@@ -58,6 +58,10 @@ class FakeRuntime:
 
     def seq_copy(self, src: int, dst: int, n: int) -> None: ...
 
+    def abort(self) -> None: ...
+
+    def clear_abort(self) -> None: ...
+
 
 def run_engine(requests: list[p.Generate], n_seq: int = 4) -> list[tuple[int, p.Event]]:
     events: list[tuple[int, p.Event]] = []
@@ -97,3 +101,60 @@ def test_tokens_follow_the_logits_and_positions() -> None:
     events = run_engine([p.Generate(id="a", prompt="x", max_tokens=4, temperature=0.0)])
     tokens = [e.token_id for _, e in events if isinstance(e, p.TokenEvent)]
     assert tokens == [4, 5, 6, 7]  # prompt of 3 tokens: positions 3, 4, 5, 6 -> +1
+
+
+class SlowRuntime(FakeRuntime):
+    """The first tick of the background prompt takes long unless aborted (like a 512-token
+    prefill); every other tick is instant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._aborted = threading.Event()
+        self.aborts = 0
+        self.long_ticks = threading.Event()  # set when a long tick has started
+
+    def abort(self) -> None:
+        self._aborted.set()
+
+    def clear_abort(self) -> None:
+        self._aborted.clear()
+
+    def decode(self, spans):
+        if not self.long_ticks.is_set() and any(len(span.tokens) > 4 for span in spans):
+            self.long_ticks.set()
+            if self._aborted.wait(30):
+                self.aborts += 1
+                return 2, []
+        return super().decode(spans)
+
+
+def test_an_interactive_arrival_aborts_a_long_background_tick() -> None:
+    from uma_serve.core.policy.pipeline import build_policy
+
+    events: list[tuple[int, p.Event]] = []
+    done = threading.Event()
+
+    def sink(batch):
+        events.extend(batch)
+        if any(isinstance(e, p.EosEvent) and e.id == "chat" for _, e in batch):
+            done.set()
+
+    rt = SlowRuntime()
+    engine = Engine(
+        rt,
+        build_policy(["qos", "latency"]),
+        Constraints(n_batch=64, tick_budget_ms=50.0, quiet_ms=1.0),
+        sink,
+        seed=1,
+    )
+    engine.start()
+    doc = p.Generate(id="doc", prompt="x", max_tokens=2, qos="background", ignore_eos=True)
+    engine.submit(Submission((1, "doc"), doc, list(range(1, 60)), 0))
+    assert rt.long_ticks.wait(10)
+    chat = p.Generate(id="chat", prompt="x", max_tokens=3, ignore_eos=True)
+    engine.submit(Submission((1, "chat"), chat, [1, 2, 3], 1))
+    # the long tick gives way at once: the chat finishes while the document would still wait
+    assert done.wait(10), "the interactive request waited for the background tick"
+    assert rt.aborts == 1 and engine.metrics.ticks_aborted_total == 1
+    engine.stop("test over")
+    engine.join(5)

@@ -98,6 +98,19 @@ def test_guard_bounds_ticks_without_interactive_decoders() -> None:
     assert not plan.items[0].logits
 
 
+def test_guard_lets_background_ticks_run_whole_once_interactive_traffic_is_quiet() -> None:
+    from dataclasses import replace
+
+    c = replace(C, quiet_ms=1000.0)
+    bg = view(1, Phase.PREFILL, "background", 1000)
+    recent = SchedulerState((bg,), EngineStats(cost=COST), NOW, last_interactive_ns=NOW - 500e6)
+    quiet = replace(recent, last_interactive_ns=NOW - 1500e6)
+    plan = Plan((pre(1, 512),))
+    assert LatencyGuard().apply(plan, recent, c).items[0].n_tokens == 35  # bg_tick_ms bound
+    assert LatencyGuard().apply(plan, quiet, c).items[0].n_tokens == 512  # the whole batch
+    assert LatencyGuard().apply(plan, quiet, C).items[0].n_tokens == 35  # quiet_ms 0: off
+
+
 def test_guard_lets_a_new_interactive_prompt_stretch_the_tick() -> None:
     st = state(view(0, Phase.DECODE), view(1, Phase.PREFILL, pending=20))
     plan = LatencyGuard().apply(Plan((dec(0), pre(1, 20, True))), st, C)
