@@ -1,21 +1,19 @@
-"""Everything llama.cpp: the only module that imports ``llama_cpp``.
-
-Model and context, the one reusable ``llama_batch``, decode, per-session sampler chains that
-sample straight from the context's logits, tokenize/detokenize, KV memory ops, chat template.
-"""
+"""The model, its context and the one reusable ``llama_batch``: decode (abortable from another
+thread), logits rows, tokenize/detokenize, KV memory ops, chat template."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
 
 from uma_serve.core.policy.state import ModelFacts
+from uma_serve.core.runtime.chain import Sampler
+from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
 
 log = logging.getLogger("uma.runtime")
 
@@ -45,118 +43,6 @@ ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
 # so nothing in Python (and no GIL) runs inside a decode, and another thread stops one by
 # writing one byte.
 _STRLEN_ABORT = ll.ggml_abort_callback(ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value)
-
-
-@dataclass(frozen=True)
-class RuntimeParams:
-    model_path: str
-    n_ctx: int = 8192
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_seq: int = 4
-    threads: int = 0  # 0: all cores
-    n_gpu_layers: int = 0
-    swa_full: bool = False
-    kv_unified: bool = True
-    n_seq_cache: int = 0  # extra sequence ids that hold cached prefixes (prefix cache)
-    # Keep every cell of every sequence at two ids (its own and a shadow), so llama.cpp never
-    # recycles it: its SWA cache reuses a cell owned by ONE sequence once it falls out of that
-    # sequence's window, even with swa_full. A prefix that is reused later needs those cells.
-    shadow: bool = False
-    # backend sampling: outputs a sequence may have in one decode (speculative verification
-    # asks for 1 + drafts); 0 = llama.cpp's default
-    max_outputs_per_seq: int = 0
-    # > 0: every running sequence's outputs pass a top-k of this size inside the decode graph,
-    # so only k (id, logit) candidates per row reach the host (see candidates())
-    device_top_k: int = 0
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.8
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.0
-    penalty_last_n: int = 64
-
-
-@dataclass(frozen=True)
-class Span:
-    """Consecutive tokens of one sequence in the batch, from position ``pos``."""
-
-    seq_id: int
-    pos: int
-    tokens: list[int]
-    logits: bool  # logits for the span's last token
-    all_logits: bool = False  # logits for every token (speculative verification)
-
-
-class Sampler:
-    """A llama sampler chain owned by one session; frees itself.
-
-    With ``backend`` (a context and the session's sequence id) the chain is attached to the
-    context (llama.cpp's experimental backend sampling): the token is drawn inside the decode
-    graph on the device holding the output layer, and only its id crosses to the host.
-    ``llama_sampler_sample`` returns that token when one was drawn, else samples on the CPU.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int,
-        params: SamplingParams,
-        default_seed: int,
-        backend: tuple[ll.llama_context_p, int] | None = None,
-    ) -> None:
-        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
-        if (
-            params.repeat_penalty != 1.0
-            or params.frequency_penalty != 0.0
-            or params.presence_penalty != 0.0
-        ):
-            add(
-                ll.llama_sampler_init_penalties(
-                    vocab_size,
-                    params.penalty_last_n,
-                    params.repeat_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                )
-            )
-        if params.temperature <= 0.0:
-            add(ll.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                add(ll.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                add(ll.llama_sampler_init_top_p(params.top_p, 1))
-            if params.min_p > 0.0:
-                add(ll.llama_sampler_init_min_p(params.min_p, 1))
-            add(ll.llama_sampler_init_temp(params.temperature))
-            seed = params.seed if params.seed is not None else default_seed
-            add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        self._chain = chain
-        self._attached = backend
-        # false when some stage cannot run in the graph: then it samples on the CPU
-        self.on_backend = backend is not None and bool(ll.llama_set_sampler(*backend, chain))
-
-    def sample(self, ctx: ll.llama_context_p, batch_index: int) -> int:
-        return ll.llama_sampler_sample(self._chain, ctx, batch_index)
-
-    def free(self) -> None:
-        if self._chain is not None:
-            if self._attached is not None:  # detach before freeing: the context holds it
-                ll.llama_set_sampler(*self._attached, None)
-                self._attached = None
-            ll.llama_sampler_free(self._chain)
-            self._chain = None
-
-    def __del__(self) -> None:
-        self.free()
 
 
 def gpu_offload(n_gpu_layers: int) -> bool:

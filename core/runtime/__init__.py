@@ -1,0 +1,11 @@
+"""Everything llama.cpp: the only package that imports ``llama_cpp``.
+
+``runtime``: model, context, batch, decode, KV memory ops, tokenizer; ``chain``: a session's
+llama.cpp sampler chain; ``params``: the plain data both are built from.
+"""
+
+from uma_serve.core.runtime.chain import Sampler
+from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime.runtime import Runtime, gpu_offload
+
+__all__ = ["Runtime", "RuntimeParams", "Sampler", "SamplingParams", "Span", "gpu_offload"]

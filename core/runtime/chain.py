@@ -1,0 +1,71 @@
+"""A session's llama.cpp sampler chain (the ``llama`` and ``backend`` samplers)."""
+
+from __future__ import annotations
+
+import llama_cpp as ll
+
+from uma_serve.core.runtime.params import SamplingParams
+
+
+class Sampler:
+    """A llama sampler chain owned by one session; frees itself.
+
+    With ``backend`` (a context and the session's sequence id) the chain is attached to the
+    context (llama.cpp's experimental backend sampling): the token is drawn inside the decode
+    graph on the device holding the output layer, and only its id crosses to the host.
+    ``llama_sampler_sample`` returns that token when one was drawn, else samples on the CPU.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        params: SamplingParams,
+        default_seed: int,
+        backend: tuple[ll.llama_context_p, int] | None = None,
+    ) -> None:
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if (
+            params.repeat_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        ):
+            add(
+                ll.llama_sampler_init_penalties(
+                    vocab_size,
+                    params.penalty_last_n,
+                    params.repeat_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
+                )
+            )
+        if params.temperature <= 0.0:
+            add(ll.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(ll.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(ll.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(ll.llama_sampler_init_min_p(params.min_p, 1))
+            add(ll.llama_sampler_init_temp(params.temperature))
+            seed = params.seed if params.seed is not None else default_seed
+            add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self._chain = chain
+        self._attached = backend
+        # false when some stage cannot run in the graph: then it samples on the CPU
+        self.on_backend = backend is not None and bool(ll.llama_set_sampler(*backend, chain))
+
+    def sample(self, ctx: ll.llama_context_p, batch_index: int) -> int:
+        return ll.llama_sampler_sample(self._chain, ctx, batch_index)
+
+    def free(self) -> None:
+        if self._chain is not None:
+            if self._attached is not None:  # detach before freeing: the context holds it
+                ll.llama_set_sampler(*self._attached, None)
+                self._attached = None
+            ll.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self) -> None:
+        self.free()

@@ -1,0 +1,53 @@
+"""What the runtime is built from and what a batch is made of: plain data, no llama.cpp."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuntimeParams:
+    model_path: str
+    n_ctx: int = 8192
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq: int = 4
+    threads: int = 0  # 0: all cores
+    n_gpu_layers: int = 0
+    swa_full: bool = False
+    kv_unified: bool = True
+    n_seq_cache: int = 0  # extra sequence ids that hold cached prefixes (prefix cache)
+    # Keep every cell of every sequence at two ids (its own and a shadow), so llama.cpp never
+    # recycles it: its SWA cache reuses a cell owned by ONE sequence once it falls out of that
+    # sequence's window, even with swa_full. A prefix that is reused later needs those cells.
+    shadow: bool = False
+    # backend sampling: outputs a sequence may have in one decode (speculative verification
+    # asks for 1 + drafts); 0 = llama.cpp's default
+    max_outputs_per_seq: int = 0
+    # > 0: every running sequence's outputs pass a top-k of this size inside the decode graph,
+    # so only k (id, logit) candidates per row reach the host (see candidates())
+    device_top_k: int = 0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+
+
+@dataclass(frozen=True)
+class Span:
+    """Consecutive tokens of one sequence in the batch, from position ``pos``."""
+
+    seq_id: int
+    pos: int
+    tokens: list[int]
+    logits: bool  # logits for the span's last token
+    all_logits: bool = False  # logits for every token (speculative verification)
