@@ -13,11 +13,12 @@ import logging
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from uma_serve.core import protocol as p
+from uma_serve.core.admission import AdmissionQueue
+from uma_serve.core.inbox import Inbox
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import (
     Constraints,
@@ -33,6 +34,7 @@ from uma_serve.core.prefix_store import PrefixStore
 from uma_serve.core.runtime import Runtime, Span
 from uma_serve.core.samplers import Samplers
 from uma_serve.core.sequence import RequestKey, Sequence
+from uma_serve.core.speculation import propose_drafts, verify
 from uma_serve.core.tick_learner import TickLearner
 
 log = logging.getLogger("uma.engine")
@@ -76,10 +78,8 @@ class Engine:
         self.metrics = metrics or EngineMetrics()
         self.metrics.kv_cells_total = runtime.n_ctx
         self._rng = random.Random(seed)
-        self._cond = threading.Condition()
-        self._inbox: deque[tuple[str, object]] = deque()
-        self._stop_reason: str | None = None
-        self._free_seq_ids = list(range(runtime.params.n_seq))
+        self._inbox = Inbox(runtime.abort, runtime.clear_abort)
+        self._queue = AdmissionQueue(range(runtime.params.n_seq), reserved_interactive)
         n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache
         self._prefix = (
             PrefixStore(
@@ -92,18 +92,13 @@ class Engine:
             else None
         )
         self._spec = constraints.spec_max_draft
-        self._waiting: deque[Sequence] = deque()
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._learner = TickLearner(constraints, tuner)
-        self._reserved = reserved_interactive  # sequences only interactive requests may take
         self._samplers = Samplers(runtime, sampler)
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
-        # an interactive arrival aborts a running tick that no interactive request waits on
-        # (only with quiet_ms: those are the long ticks); both read and written under _cond
-        self._abortable = False
-        self._last_interactive_ns = 0
+        self._last_interactive_ns = 0  # when an interactive request last ran or waited
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----
@@ -112,23 +107,17 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
-        with self._cond:
-            self._inbox.append(("submit", sub))
-            if self._abortable and sub.request.qos == "interactive":
-                self.runtime.abort()
-            self._cond.notify()
+        self._inbox.post("submit", sub, interactive=sub.request.qos == "interactive")
 
     def cancel(self, key: RequestKey) -> None:
-        self._post("cancel", key)
+        self._inbox.post("cancel", key)
 
     def cancel_connection(self, conn_id: int) -> None:
-        self._post("cancel_conn", conn_id)
+        self._inbox.post("cancel_conn", conn_id)
 
     def stop(self, reason: str) -> None:
         """End every request with an eos (reason cancelled, detail ``reason``) and exit."""
-        with self._cond:
-            self._stop_reason = reason
-            self._cond.notify()
+        self._inbox.stop(reason)
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -137,25 +126,12 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def _post(self, op: str, arg: object) -> None:
-        with self._cond:
-            self._inbox.append((op, arg))
-            self._cond.notify()
-
     # ---- engine thread ----
 
     def _run(self) -> None:
         try:
             while True:
-                with self._cond:
-                    while not (
-                        self._inbox or self._running or self._stop_reason or self._admittable()
-                    ):
-                        self._learner.idle()  # idle time is not tick overhead
-                        self._cond.wait()
-                    ops = list(self._inbox)
-                    self._inbox.clear()
-                    stop = self._stop_reason
+                ops, stop = self._inbox.take(self._busy, self._learner.idle)
                 self._apply(ops)
                 if stop is not None:
                     self._drain(stop)
@@ -183,44 +159,32 @@ class Engine:
         for op, arg in ops:
             if op == "submit":
                 assert isinstance(arg, Submission)
-                self._waiting.append(Sequence(arg.key, arg.request, arg.prompt, arg.arrival_ns))
+                self._queue.waiting.append(
+                    Sequence(arg.key, arg.request, arg.prompt, arg.arrival_ns)
+                )
             elif op == "cancel":
                 self._cancel(lambda s, key=arg: s.key == key, "cancelled by client")
             elif op == "cancel_conn":
                 self._cancel(lambda s, c=arg: s.conn_id == c, "client disconnected")
-        self.metrics.waiting_sessions = len(self._waiting)
+        self.metrics.waiting_sessions = len(self._queue)
 
     def _cancel(self, match: Callable[[Sequence], bool], detail: str) -> None:
         """Idempotent: a request already finished or unknown is ignored."""
         now = time.monotonic_ns()
-        for seq in [s for s in self._waiting if match(s)]:
-            self._waiting.remove(seq)
+        for seq in self._queue.remove(match):
             self._finish(seq, "cancelled", now, detail)
         for seq in [s for s in self._running.values() if match(s)]:
             self._finish(seq, "cancelled", now, detail)
 
-    def _next_admission(self) -> Sequence | None:
-        """Interactive requests first (FIFO); background ones only beyond the reserved seqs."""
-        first_bg = None
-        for seq in self._waiting:
-            if seq.request.qos == "interactive":
-                return seq
-            first_bg = first_bg or seq
-        return first_bg if len(self._free_seq_ids) > self._reserved else None
-
-    def _admittable(self) -> bool:
-        """A waiting request could take a free sequence now (e.g. after a tick that ended every
-        running request at once)."""
-        return bool(self._waiting and self._free_seq_ids) and self._next_admission() is not None
+    def _busy(self) -> bool:
+        """Work without new input: running requests, or one that can take a free sequence
+        (e.g. after a tick that ended every running request at once). Idle time between is
+        not tick overhead."""
+        return bool(self._running) or self._queue.admittable()
 
     def _admit(self) -> None:
         now = time.monotonic_ns()
-        while self._waiting and self._free_seq_ids:
-            seq = self._next_admission()
-            if seq is None:
-                break
-            self._waiting.remove(seq)
-            seq.seq_id = self._free_seq_ids.pop()
+        while (seq := self._queue.admit()) is not None:
             seq.admitted_ns = seq.last_progress_ns = now
             seq.sampler = self._samplers.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
@@ -230,35 +194,21 @@ class Engine:
                 seq.ngrams = NgramIndex(seq.prompt)
             self._running[seq.seq_id] = seq
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
-        self.metrics.waiting_sessions = len(self._waiting)
+        self.metrics.waiting_sessions = len(self._queue)
         self.metrics.active_sessions = len(self._running)
 
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
         """Keep ``tokens``' KV resident for good (call before start): see PrefixStore.pin."""
         return self._prefix.pin(tokens, kv_path) if self._prefix is not None else "off"
 
-    def _propose_drafts(self) -> None:
-        """Prompt-lookup proposals for the decoding sequences (only while few decode)."""
-        decoding = [s for s in self._running.values() if s.next_token is not None]
-        few = len(decoding) <= self.constraints.spec_max_streams
-        for s in decoding:
-            s.draft = ()
-            if few and s.ngrams is not None:
-                limit = min(
-                    self._spec,
-                    s.request.max_tokens - s.generated - 1,
-                    self.runtime.n_ctx_per_seq - s.n_past - 2,
-                )
-                s.draft = s.ngrams.draft(limit)
-
     def snapshot(self) -> SchedulerState:
         if self._spec > 0:
-            self._propose_drafts()
+            decoding = [s for s in self._running.values() if s.next_token is not None]
+            c = self.constraints
+            propose_drafts(decoding, self._spec, c.spec_max_streams, self.runtime.n_ctx_per_seq)
         views = tuple(s.view() for s in self._running.values())
         now = time.monotonic_ns()
-        if any(v.qos == "interactive" for v in views) or any(
-            s.request.qos == "interactive" for s in self._waiting
-        ):
+        if any(v.qos == "interactive" for v in views) or self._queue.has_interactive():
             self._last_interactive_ns = now
         return SchedulerState(views, self._learner.stats, now, self._last_interactive_ns)
 
@@ -275,37 +225,21 @@ class Engine:
         ]
         t0 = time.perf_counter()
         self._learner.tick_started(t0)
-        abortable = self.constraints.quiet_ms > 0 and not self._serves_interactive()
+        # no interactive request runs or waits: an interactive arrival may stop this tick
+        abortable = self.constraints.quiet_ms > 0 and state.last_interactive_ns != state.now_ns
         if abortable:
-            self._set_abortable(True)
+            self._inbox.open_abort_window()
         rc, rows = self.runtime.decode(spans)
         if abortable:
-            self._set_abortable(False)
+            self._inbox.close_abort_window()
         if self._overlap:
             self._flush()  # the previous tick's events, while the device computes this one
         ms = (time.perf_counter() - t0) * 1e3
         self._learner.tick_decoded(t0, ms)
-        if rc == ABORTED:  # an interactive request arrived: it is admitted next tick
-            for span in spans:
-                self.runtime.seq_trim(span.seq_id, span.pos)
-            self.metrics.ticks_aborted_total += 1
-            self._learner.idle()  # the aborted tick's time teaches nothing
-            return
         if rc != 0:
             self._decode_failed(rc, plan, spans)
             return
         self._record_tick(ms, plan, state)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "tick %d: decode %d prefill %d parked %d | %.1f ms (predicted %.1f, budget %s)",
-                self._learner.stats.tick,
-                plan.n_decode,
-                plan.n_tokens - plan.n_decode,
-                len(plan.parked),
-                ms,
-                plan.predicted_ms or 0.0,
-                f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
-            )
         now = time.monotonic_ns()
         served = {item.seq_id for item in plan.items}
         for seq in self._running.values():
@@ -327,22 +261,6 @@ class Engine:
                 self._on_logits(seq, row, now)
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
 
-    def _serves_interactive(self) -> bool:
-        return any(s.request.qos == "interactive" for s in self._running.values())
-
-    def _set_abortable(self, on: bool) -> None:
-        """Open (or close) the window in which an interactive arrival aborts the decode; one
-        already in the inbox aborts it at once."""
-        with self._cond:
-            self._abortable = on
-            if on and any(
-                op == "submit" and arg.request.qos == "interactive"  # type: ignore[attr-defined]
-                for op, arg in self._inbox
-            ):
-                self.runtime.abort()
-            elif not on:
-                self.runtime.clear_abort()
-
     def _span(self, seq_id: int, phase: Phase, n: int, logits: bool) -> Span:
         seq = self._running[seq_id]
         if phase is Phase.DECODE:
@@ -353,36 +271,11 @@ class Engine:
         return Span(seq_id, seq.n_past, tokens, logits and seq.n_past + n == len(seq.prompt))
 
     def _verify(self, seq: Sequence, drafts: list[int], row: int, now: int) -> None:
-        """Speculative verification of [pending token, *drafts] decoded with logits on every row.
-
-        Row j holds the distribution after the pending token and drafts[:j]. Sample it with the
-        session's own sampler and emit the token through the usual path; while it equals
-        drafts[j], that token is already in the KV at the next position, so row j + 1 is valid
-        and is sampled next. The first disagreement (or the row after the last draft) yields
-        the new pending token; the KV beyond the accepted run is removed. Every emitted token is
-        the one plain decoding would sample from the same logits: greedy output is identical,
-        sampled output has the same law.
-        """
-        seq.n_past += 1  # the pending token
-        seq.next_token = None
-        accepted = 0
-        for j in range(len(drafts) + 1):
-            self._on_logits(seq, row + j, now)
-            if seq.next_token is None:  # finished (EOS, stop string, length)
-                break
-            if j == len(drafts) or seq.next_token != drafts[j]:
-                break
-            seq.n_past += 1
-            accepted += 1
-            seq.next_token = None
-        if self._running.get(seq.seq_id) is seq:
+        accepted = verify(seq, drafts, row, lambda r: self._on_logits(seq, r, now))
+        if self._running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
             self.runtime.seq_trim(seq.seq_id, seq.n_past)
-        m = self.metrics
-        m.spec_drafted_tokens_total += len(drafts)
-        m.spec_accepted_tokens_total += accepted
-        # per-token acceptance: accepted tokens over accepted + the one rejection (if any)
-        sample = accepted / (accepted + (accepted < len(drafts)))
-        seq.spec_accept_ewma = 0.3 * sample + 0.7 * seq.spec_accept_ewma
+        self.metrics.spec_drafted_tokens_total += len(drafts)
+        self.metrics.spec_accepted_tokens_total += accepted
 
     def _record_tick(self, ms: float, plan: Plan, state: SchedulerState) -> None:
         self._learner.record(ms, plan, state, self.metrics)
@@ -392,9 +285,13 @@ class Engine:
                 self._max_prefill = None
 
     def _decode_failed(self, rc: int, plan: Plan, spans: list[Span]) -> None:
-        self.metrics.decode_failures_total += 1
         for span in spans:  # undo whatever part of the batch reached the cache
             self.runtime.seq_trim(span.seq_id, span.pos)
+        if rc == ABORTED:  # an interactive request arrived: it is admitted next tick
+            self.metrics.ticks_aborted_total += 1
+            self._learner.idle()  # the aborted tick's time teaches nothing
+            return
+        self.metrics.decode_failures_total += 1
         self._learner.decode_failed()
         if rc == 1 and self._prefix is not None and self._prefix.evict_all():
             log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
@@ -473,7 +370,7 @@ class Engine:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
                 self._prefix.store(seq)
             self.runtime.seq_clear(seq.seq_id)
-            self._free_seq_ids.append(seq.seq_id)
+            self._queue.release(seq.seq_id)
         self._samplers.release(seq.seq_id, seq.sampler)
         self.metrics.requests_total[reason] += 1
         self.metrics.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
@@ -489,8 +386,8 @@ class Engine:
 
     def _drain(self, detail: str, reason: str = "cancelled") -> None:
         now = time.monotonic_ns()
-        for seq in list(self._waiting) + list(self._running.values()):
+        for seq in list(self._queue.waiting) + list(self._running.values()):
             self._finish(seq, reason, now, detail)
-        self._waiting.clear()
+        self._queue.waiting.clear()
         self.metrics.waiting_sessions = 0
         self._flush()

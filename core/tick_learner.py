@@ -8,6 +8,7 @@ next SchedulerState carries; the matching figures go to the metrics.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from uma_serve.core.metrics import EngineMetrics
@@ -23,6 +24,7 @@ from uma_serve.core.policy.tickmodel import OnlineTickModel
 from uma_serve.core.policy.tuner import SweetSpotTuner
 
 EWMA_ALPHA = 0.2
+log = logging.getLogger("uma.engine")  # the engine's tick log (debug level)
 
 
 def ewma(old: float, new: float) -> float:
@@ -91,6 +93,17 @@ class TickLearner:
         m.bmt_estimate_last = plan.bmt_estimate or 0.0
         m.bg_decoders_cap = self.stats.bg_decoders_cap if self._tuner else 0
         m.bg_burst = self.stats.bg_burst
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "tick %d: decode %d prefill %d parked %d | %.1f ms (predicted %.1f, budget %s)",
+                self.stats.tick,
+                n_decode,
+                n_prefill,
+                len(plan.parked),
+                ms,
+                plan.predicted_ms or 0.0,
+                f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
+            )
 
     def _next_guard_state(
         self, ms: float, plan: Plan, views: dict, m: EngineMetrics

@@ -23,7 +23,9 @@ def test_unknown_yaml_key_is_an_error(tmp_path) -> None:
         cfg.load(["--config", str(path)], environ={})
 
 
-@pytest.mark.parametrize("argv", [["--n-seq", "0"], ["--log-level", "loud"], ["--n-ctx", "64"]])
+@pytest.mark.parametrize(
+    "argv", [["--n-seq", "0"], ["--log-level", "loud"], ["--n-ctx", "64"], ["--quiet-ms", "-1"]]
+)
 def test_invalid_values(argv: list[str]) -> None:
     with pytest.raises(ValueError):
         cfg.load(argv, environ={})

@@ -1,0 +1,69 @@
+"""The engine's inbox: what the I/O thread hands the engine thread, under one Condition.
+
+Requests, cancels and the stop order queue here; the engine thread takes them all at once
+between ticks and sleeps on the Condition while there is no work (no polling, no fixed sleeps).
+
+The inbox also holds the abort window: while the engine runs a tick that no interactive
+request waits on (a long background tick, docs/POLICY.md "Quiet periods"), an interactive
+arrival stops that decode at once instead of waiting for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+
+class Inbox:
+    def __init__(self, abort: Callable[[], None], clear_abort: Callable[[], None]) -> None:
+        self._cond = threading.Condition()
+        self._items: deque[tuple[str, object]] = deque()
+        self._stop_reason: str | None = None
+        self._abort, self._clear_abort = abort, clear_abort
+        self._window_open = False
+        self._interactive_waiting = False  # an interactive arrival the engine has not taken
+
+    # ---- I/O thread ----
+
+    def post(self, op: str, arg: object, interactive: bool = False) -> None:
+        with self._cond:
+            self._items.append((op, arg))
+            if interactive:
+                self._interactive_waiting = True
+                if self._window_open:
+                    self._abort()
+            self._cond.notify()
+
+    def stop(self, reason: str) -> None:
+        with self._cond:
+            self._stop_reason = reason
+            self._cond.notify()
+
+    # ---- engine thread ----
+
+    def take(
+        self, busy: Callable[[], bool], on_idle: Callable[[], None]
+    ) -> tuple[list[tuple[str, object]], str | None]:
+        """Everything posted so far and the stop reason (if any); sleeps while there is
+        nothing to take and ``busy()`` is false."""
+        with self._cond:
+            while not (self._items or self._stop_reason or busy()):
+                on_idle()
+                self._cond.wait()
+            items = list(self._items)
+            self._items.clear()
+            self._interactive_waiting = False
+            return items, self._stop_reason
+
+    def open_abort_window(self) -> None:
+        """Before an abortable decode; an interactive arrival not yet taken aborts it now."""
+        with self._cond:
+            self._window_open = True
+            if self._interactive_waiting:
+                self._abort()
+
+    def close_abort_window(self) -> None:
+        with self._cond:
+            self._window_open = False
+            self._clear_abort()
