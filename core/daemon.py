@@ -64,6 +64,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         bg_tick_ms=config.bg_tick_ms,
         quiet_ms=config.quiet_ms,
         hold_ticks=config.hold_ticks,
+        pause_every=config.pause_every,
         starve_ms=config.starve_ms,
         bmt_budget_gbs=config.bmt_budget or None,
         model=facts,

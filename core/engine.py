@@ -234,6 +234,7 @@ class Engine:
             self._inbox.close_abort_window()
         if self._overlap:
             self._flush()  # the previous tick's events, while the device computes this one
+        self.runtime.synchronize()  # the tick's time includes the device's work
         ms = (time.perf_counter() - t0) * 1e3
         self._learner.tick_decoded(t0, ms)
         if rc != 0:

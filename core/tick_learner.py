@@ -24,6 +24,7 @@ from uma_serve.core.policy.tickmodel import OnlineTickModel
 from uma_serve.core.policy.tuner import SweetSpotTuner
 
 EWMA_ALPHA = 0.2
+MAX_RECOVERY_TICKS = 4  # slow ticks after a pause counted at most
 log = logging.getLogger("uma.engine")  # the engine's tick log (debug level)
 
 
@@ -39,6 +40,10 @@ class TickLearner:
         self._tuner = tuner
         self._prev_tick: tuple[float, float] | None = None  # (start, decode ms) of the last tick
         self._overhead_ms = 0.0
+        # interactive ticks over budget right after a pause (a GPU re-captures its decode
+        # graph after a prefill tick): counted while it lasts, then smoothed
+        self._recovering: int | None = None
+        self._recovery_ticks = 0.0
 
     def idle(self) -> None:
         """The engine waits for work: the time until the next tick is not overhead."""
@@ -95,28 +100,47 @@ class TickLearner:
         m.bg_burst = self.stats.bg_burst
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "tick %d: decode %d prefill %d parked %d | %.1f ms (predicted %.1f, budget %s)",
+                "tick %d: decode %d prefill %d draft %d parked %d | %.1f ms (predicted %.1f, "
+                "budget %s%s)"
+                " | model a %.2f b %.3f c %.3f d %.4f e %.2f",
                 self.stats.tick,
                 n_decode,
-                n_prefill,
+                n_prefill - n_draft,
+                n_draft,
                 len(plan.parked),
                 ms,
                 plan.predicted_ms or 0.0,
                 f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
+                ", pause" if plan.pause else "",
+                *(getattr(self._model.cost, k) for k in "abcde"),
             )
 
     def _next_guard_state(
         self, ms: float, plan: Plan, views: dict, m: EngineMetrics
     ) -> tuple[int, int | None]:
         """Hysteresis: an overrun tick that carried background work holds background prefill
-        for hold_ticks, then re-enables it with a cap that doubles each tick."""
+        for hold_ticks, then re-enables it with a cap that doubles each tick. A pause tick
+        (stepped cost) holds it long enough that pauses, with the slow ticks that follow
+        them, stretch one interactive gap in pause_every."""
         st, c = self.stats, self.constraints
         background_work = any(
             i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
         )
-        if plan.budget_ms is not None and ms > plan.budget_ms and background_work:
+        over = plan.budget_ms is not None and ms > plan.budget_ms
+        if plan.pause:  # by design over the interactive budget: the next pause comes later
+            self._recovering = 0
+            return round(c.pause_every * (1.0 + self._recovery_ticks)), None
+        if self._recovering is not None and any(
+            views[i.seq_id].qos == "interactive" for i in plan.items
+        ):
+            if over and self._recovering < MAX_RECOVERY_TICKS:
+                self._recovering += 1
+            else:
+                self._recovery_ticks = 0.5 * (self._recovery_ticks + self._recovering)
+                self._recovering = None
+        if over and background_work:
             m.ticks_over_budget_total += 1
-            return c.hold_ticks, None
+            return max(c.hold_ticks, st.guard_hold - 1), None
         if st.guard_hold > 0:
             return st.guard_hold - 1, (1 if st.guard_hold == 1 else None)
         if st.guard_ramp is not None:

@@ -70,9 +70,9 @@ def draft_length(
     """Tokens to verify: the k that maximises expected tokens per ms.
 
     With per-token acceptance p (the session's EWMA), k drafted tokens yield 1 + p + ... + p^k
-    tokens in a tick of tick_ms + k x draft_ms (a drafted token costs like a prompt token with
-    logits); k = 0 yields 1 token in tick_ms. When no k > 0 pays, the session only probes (a
-    short draft every PROBE_EVERY ticks) so its estimate can recover.
+    tokens in a tick of tick_ms + k x draft_ms (a drafted token costs like a decoding row: a
+    token with its logits); k = 0 yields 1 token in tick_ms. When no k > 0 pays, the session
+    only probes (a short draft every PROBE_EVERY ticks) so its estimate can recover.
     """
     limit = min(available, max_draft)
     if limit <= 0:
@@ -105,7 +105,7 @@ class SpeculativeDecode:
         for item in plan.items:
             view = views[item.seq_id]
             if item.phase is Phase.DECODE and item.n_tokens == 1 and view.draft and room > 0:
-                draft_ms = cost.c + cost.d * (view.n_past + 1) / 1000.0
+                draft_ms = cost.b + cost.d * (view.n_past + 1) / 1000.0
                 k = draft_length(
                     view.spec_accept_ewma,
                     c.spec_max_draft,

@@ -87,6 +87,7 @@ class Constraints:
     # n_batch only (the engine aborts such a tick when an interactive request arrives); 0: off
     quiet_ms: float = 0.0
     hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
+    pause_every: int = 25  # stepped tick cost: pauses stretch one interactive gap in this many
     starve_ms: float = 2000.0  # any session waits at most this long between progress
     # QoS
     max_bg_decoders: int = 1 << 30
@@ -115,6 +116,7 @@ class Plan:
     budget_ms: float | None = None  # the time budget a guard planned this tick for
     predicted_ms: float | None = None  # the tick-time model's prediction for this plan
     guard_active: bool = False  # a guard removed work from this tick
+    pause: bool = False  # a stepped-cost prefill tick among interactive ones (LatencyGuard)
     bmt_estimate: float | None = None  # bytes this tick is estimated to move
 
     @property
@@ -150,11 +152,9 @@ def plan_shape(items: tuple[BatchItem, ...], views: dict[int, SessionView]) -> T
     kv = 0.0
     for item in items:
         past = views[item.seq_id].n_past
-        if item.phase is Phase.DECODE:  # drafted tokens cost like prompt tokens
-            decode += 1
-            prefill += item.n_tokens - 1
-            kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)
+        if item.phase is Phase.DECODE:  # a drafted token has its logits row, as a decode
+            decode += item.n_tokens
         else:
             prefill += item.n_tokens
-            kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)
+        kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)
     return TickShape(decode, prefill, kv / 1000.0)

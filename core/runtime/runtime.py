@@ -225,6 +225,11 @@ class Runtime:
                 )
         return rc, rows
 
+    def synchronize(self) -> None:
+        """Wait for the device: llama_decode returns once a GPU graph is launched, so a tick's
+        time is only known (and its logits readable) after this."""
+        ll.llama_synchronize(self.ctx)
+
     def abort(self) -> None:
         """Stop the running decode (any thread): it returns rc 2 within one graph node."""
         self._abort[0] = b"\x01"

@@ -62,6 +62,8 @@ class FakeRuntime:
 
     def clear_abort(self) -> None: ...
 
+    def synchronize(self) -> None: ...
+
 
 def run_engine(requests: list[p.Generate], n_seq: int = 4) -> list[tuple[int, p.Event]]:
     events: list[tuple[int, p.Event]] = []

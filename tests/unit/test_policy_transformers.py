@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BatchItem, Constraints, EngineStats, Phase, Plan, SchedulerState
 from uma_serve.core.policy import SessionView as View
 from uma_serve.core.policy.bmt import BmtGuard, tick_bytes, weight_bytes
@@ -10,6 +13,7 @@ from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.qos import QosLanes
 from uma_serve.core.policy.state import ModelFacts, plan_shape
 from uma_serve.core.policy.tickmodel import TickCost
+from uma_serve.core.tick_learner import TickLearner
 
 NOW = 10_000_000_000
 COST = TickCost(a=15.0, b=3.0, c=3.0, d=0.0, samples=100)  # decode 1: 18 ms; +3 ms per token
@@ -124,6 +128,42 @@ def test_guard_hold_stops_background_prefill_then_ramp_caps_it() -> None:
     assert [i.seq_id for i in held.items] == [0] and held.guard_active
     ramp = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*views, guard_ramp=2), loose)
     assert ramp.items[1].n_tokens == 2
+
+
+GPU = TickCost(a=1.2, b=0.02, c=0.025, d=0.0, e=2.7, samples=100)  # any prefill: +2.7 ms
+
+
+def test_guard_pauses_for_a_whole_prefill_tick_when_cost_is_stepped() -> None:
+    views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
+    plan = Plan((dec(0), pre(1, 500)))
+    st = SchedulerState(views, EngineStats(cost=GPU, overhead_ms_ewma=0.3), NOW)
+    paused = LatencyGuard().apply(plan, st, C)
+    assert paused.pause and paused.items == (dec(0), pre(1, 500))  # the whole chunk
+    assert paused.budget_ms == C.bg_tick_ms
+    held = LatencyGuard().apply(plan, replace(st, stats=replace(st.stats, guard_hold=5)), C)
+    assert not held.pause and held.items == (dec(0),)
+    # the same shape on a linear (CPU-like) machine is trimmed, never paused
+    linear = LatencyGuard().apply(plan, state(*views), C)
+    assert not linear.pause and linear.items[1].n_tokens < 500
+
+
+def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
+    c = replace(C, pause_every=20)
+    learner = TickLearner(c, None)
+    views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
+    st = SchedulerState(views, EngineStats(cost=GPU), NOW)
+    plan = Plan((dec(0), pre(1, 500)), budget_ms=C.bg_tick_ms, pause=True)
+    m = EngineMetrics()
+    learner.record(15.0, plan, st, m)
+    assert learner.stats.guard_hold == 20 and learner.stats.guard_ramp is None
+    # two slow interactive ticks after the pause (a GPU re-capturing its graph), then a
+    # normal one: the next pause holds twice as long (1 + r, r smoothed to 1)
+    decode = Plan((dec(0),), budget_ms=2.0)
+    for ms in (3.0, 3.0, 1.5):
+        learner.record(ms, decode, st, m)
+    assert learner.stats.guard_hold == 17
+    learner.record(15.0, plan, st, m)
+    assert learner.stats.guard_hold == 40
 
 
 def test_guard_never_starves_a_session() -> None:

@@ -116,7 +116,7 @@ def test_spec_extends_a_lone_decoder_with_its_draft() -> None:
     out = SpeculativeDecode().apply(plan, _state(_view(0, (5, 6, 7, 8, 9))), C)
     assert out.items[0].n_tokens == 5
     shape = plan_shape(out.items, {0: _view(0)})
-    assert shape.decode == 1 and shape.prefill == 4
+    assert shape.decode == 5 and shape.prefill == 0  # drafted rows cost like decoding rows
 
 
 def test_spec_backs_off_under_load_and_when_off() -> None:
