@@ -22,8 +22,9 @@ chunks would stretch every interactive gap for little progress. Instead one prot
 ``pause_every`` is a *pause*: background work fills it up to ``bg_tick_ms``, and the engine
 holds prefill for the next ``pause_every`` x (1 + r) ticks, where r is the measured number of
 slow ticks that follow a pause (a GPU re-captures its decode graph after a prefill tick: two
-ticks of ~3 ms instead of 1.4 on an H100). One gap in ``pause_every`` (default 25: 4%) is
-stretched, so the stream's ITL p95 stays at solo while prompts still move in whole batches.
+ticks of ~3 ms instead of 1.4 on an H100; r starts at 2). One gap in ``pause_every``
+(default 50: 2%) is stretched, so the stream's ITL p95 stays at solo (whose own slow gaps,
+the first ticks after each prompt, take ~3%) while prompts still move in whole batches.
 """
 
 from __future__ import annotations

@@ -60,18 +60,20 @@ class TickCost:
 
 
 class OnlineTickModel:
-    """Least squares over the most recent ticks, refitted after every tick.
+    """Least squares over the most recent ticks, refitted every few ticks.
 
-    Two windows of ``window`` ticks each, one of ticks with prefill and one without, so a long
-    stretch of decode-only ticks does not forget what prompt tokens cost (and vice versa).
-    Coefficients are kept non-negative (an active set: a negative one is dropped and the rest
-    refitted); a small ridge settles directions the ticks do not tell apart (with one decoder
-    always, the tick goes to the intercept); ticks whose residual is
-    far beyond the typical one for their kind (a preempted tick, a page-fault storm) are left
-    out of the final fit. The first ``warmup`` ticks of a context are not learned from (graph
-    capture, first touch of the weights); until ``min_samples`` more are seen the prior
-    stands. The prior is CPU-sized; on a GPU, whose ticks are ten times shorter, the fit
-    replaces it within a few ticks.
+    Two windows of ``window`` ticks each, one of ticks with prefill and one without, so a
+    long stretch of decode-only ticks does not forget what prompt tokens cost (and vice
+    versa). The normal equations are kept as running sums (a tick in, the oldest of its
+    window out), so a refit is a 5x5 solve or a few: cheap beside a 1.4 ms GPU tick.
+    Coefficients are kept non-negative (an active set: a negative one is dropped and the
+    rest refitted); a small ridge settles directions the ticks do not tell apart (with one
+    decoder always, the tick goes to the intercept). A tick far off the model, by much more
+    than is typical for its kind (a preempted tick, a page-fault storm), is left out, unless
+    such ticks keep coming (the machine changed). The first ``warmup`` ticks of a context
+    are not learned from (graph capture, first touch of the weights); until ``min_samples``
+    more are seen the prior stands. The prior is CPU-sized; on a GPU, whose ticks are ten
+    times shorter, the fit replaces it within a few ticks.
     """
 
     def __init__(
@@ -82,13 +84,16 @@ class OnlineTickModel:
         warmup: int = 4,
     ) -> None:
         self.prior = prior or TickCost()
-        self.window = window
         self.min_samples = min_samples
         self.warmup = warmup
-        self._rows: dict[bool, deque[tuple[tuple[float, ...], float]]] = {
+        self._rows: dict[bool, deque[tuple[np.ndarray, float]]] = {
             False: deque(maxlen=window),
             True: deque(maxlen=window),
         }
+        self._xtx = np.zeros((N_FEATURES, N_FEATURES))
+        self._xty = np.zeros(N_FEATURES)
+        self._typical = {False: 0.0, True: 0.0}  # smoothed |residual| per kind
+        self._rejected = {False: 0, True: 0}  # outliers in a row per kind
         self.samples = 0
         self._cost = self.prior
 
@@ -100,43 +105,49 @@ class OnlineTickModel:
         self.samples += 1
         if self.samples <= self.warmup:  # a new context's first ticks build graphs, load code
             return
-        self._rows[shape.prefill > 0].append((shape.features(), ms))
-        if self.samples >= self.warmup + self.min_samples:
-            self._cost = self._fit()
+        kind = shape.prefill > 0
+        rows = self._rows[kind]
+        known = len(rows) >= self.min_samples  # a kind seen too rarely is news, not noise
+        residual = abs(ms - self._cost.predict(shape))
+        if known and residual > 4.0 * self._typical[kind] + 0.5 * ms:
+            self._rejected[kind] += 1
+            if self._rejected[kind] < OUTLIERS_IN_A_ROW:
+                return
+        self._rejected[kind] = 0
+        self._typical[kind] += 0.05 * (residual - self._typical[kind])
+        x = np.array(shape.features())
+        if len(rows) == rows.maxlen:
+            old_x, old_ms = rows[0]
+            self._xtx -= np.outer(old_x, old_x)
+            self._xty -= old_x * old_ms
+        rows.append((x, ms))
+        self._xtx += np.outer(x, x)
+        self._xty += x * ms
+        if self.samples >= self.warmup + self.min_samples and self.samples % REFIT_EVERY == 0:
+            a, b, c, d, e = (float(v) for v in _nonneg_ridge(self._xtx, self._xty))
+            self._cost = TickCost(a, b, c, d, e, self.samples)
 
-    def _fit(self) -> TickCost:
-        rows = [*self._rows[False], *self._rows[True]]
-        x = np.array([f for f, _ in rows], dtype=np.float64)
-        y = np.array([ms for _, ms in rows], dtype=np.float64)
-        theta = _nonneg_ridge(x, y)
-        residual = np.abs(x @ theta - y)
-        # what is typical for ticks of the same kind (with or without prefill): a rare kind
-        # with a large misfit (a step the first fit missed) is news, not an outlier
-        with_prefill = x[:, 4] > 0
-        typical = np.where(
-            with_prefill,
-            np.median(residual[with_prefill]) if with_prefill.any() else 0.0,
-            np.median(residual[~with_prefill]) if (~with_prefill).any() else 0.0,
-        )
-        keep = residual <= 4.0 * typical + 0.5 * np.abs(y)
-        if not keep.all() and keep.sum() >= N_FEATURES:
-            theta = _nonneg_ridge(x[keep], y[keep])
-        a, b, c, d, e = (float(v) for v in theta)
-        return TickCost(a, b, c, d, e, self.samples)
 
+REFIT_EVERY = 4  # ticks between refits (a refit costs ~10-100 us, a GPU tick 1.4 ms)
+OUTLIERS_IN_A_ROW = 3  # this many far-off ticks of a kind in a row: the machine changed
 
 # the ridge on each coefficient: the per-decoder cost b is the one held back, so a tick the
 # data cannot split (always one decoder) is put on the intercept, not on every decoder
 RIDGE = np.array([1e-3, 1.0, 1e-3, 1e-3, 1e-3])
+RIDGE_DIAG = np.diag(RIDGE)
 
 
-def _nonneg_ridge(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """min |x·θ - y|² + Σ RIDGE·θ², θ >= 0, by dropping negative coefficients one at a time."""
-    active = list(range(x.shape[1]))
-    theta = np.zeros(x.shape[1])
+def _nonneg_ridge(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """min |x·θ - y|² + Σ RIDGE·θ², θ >= 0, from the normal equations, dropping negative
+    coefficients one at a time."""
+    theta = np.linalg.solve(xtx + RIDGE_DIAG, xty)
+    if (theta >= 0).all():  # the usual case: one solve
+        return theta
+    active = list(range(len(xty)))
+    theta = np.zeros(len(xty))
     while active:
-        xa = x[:, active]
-        sol = np.linalg.solve(xa.T @ xa + np.diag(RIDGE[active]), xa.T @ y)
+        sub = xtx[np.ix_(active, active)] + np.diag(RIDGE[active])
+        sol = np.linalg.solve(sub, xty[active])
         if (sol >= 0).all():
             theta[active] = sol
             break

@@ -155,15 +155,18 @@ def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
     plan = Plan((dec(0), pre(1, 500)), budget_ms=C.bg_tick_ms, pause=True)
     m = EngineMetrics()
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard_hold == 20 and learner.stats.guard_ramp is None
-    # two slow interactive ticks after the pause (a GPU re-capturing its graph), then a
-    # normal one: the next pause holds twice as long (1 + r, r smoothed to 1)
+    assert learner.stats.guard_hold == 60 and learner.stats.guard_ramp is None  # 20 x (1 + 2)
+    # no slow interactive tick after the pause (r: 2 -> 1), then a pause, then three slow
+    # ones (a GPU re-capturing its graph; r: 1 -> 2)
     decode = Plan((dec(0),), budget_ms=2.0)
-    for ms in (3.0, 3.0, 1.5):
-        learner.record(ms, decode, st, m)
-    assert learner.stats.guard_hold == 17
+    learner.record(1.5, decode, st, m)
     learner.record(15.0, plan, st, m)
     assert learner.stats.guard_hold == 40
+    for ms in (3.0, 3.0, 3.0, 1.5):
+        learner.record(ms, decode, st, m)
+    assert learner.stats.guard_hold == 36
+    learner.record(15.0, plan, st, m)
+    assert learner.stats.guard_hold == 60
 
 
 def test_guard_never_starves_a_session() -> None:
