@@ -43,7 +43,7 @@ class Config:
     bg_tick_ms: float = 60.0
     quiet_ms: float = 1000.0
     hold_ticks: int = 8
-    pause_every: int = 50
+    pause_every: int = 100
     starve_ms: float = 2000.0
     bmt_budget: float = 0.0
     reserved_interactive_seqs: int = 1
@@ -123,7 +123,7 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "pause_every": (
         "where any prefill makes a tick a step slower (a GPU), background prefill comes as "
-        "whole-batch pauses that stretch at most one interactive gap in this many (50: 2 percent, "
+        "whole-batch pauses that stretch at most one interactive gap in this many (100: 1 percent, "
         "so ITL p95 stays at solo)",
         "scheduler.pause_every",
     ),

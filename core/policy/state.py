@@ -87,7 +87,7 @@ class Constraints:
     # n_batch only (the engine aborts such a tick when an interactive request arrives); 0: off
     quiet_ms: float = 0.0
     hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
-    pause_every: int = 50  # stepped tick cost: pauses stretch one interactive gap in this many
+    pause_every: int = 100  # stepped tick cost: pauses stretch one interactive gap in this many
     starve_ms: float = 2000.0  # any session waits at most this long between progress
     # QoS
     max_bg_decoders: int = 1 << 30

@@ -147,6 +147,19 @@ def test_guard_pauses_for_a_whole_prefill_tick_when_cost_is_stepped() -> None:
     assert not linear.pause and linear.items[1].n_tokens < 500
 
 
+def test_background_prefill_rides_on_a_new_interactive_prompt_when_cost_is_stepped() -> None:
+    views = (view(0, Phase.PREFILL, pending=40), view(1, Phase.PREFILL, "background", 1000))
+    plan = Plan((pre(0, 40, True), pre(1, 500)))
+    st = SchedulerState(views, EngineStats(cost=GPU, guard_hold=5), NOW)  # held, yet it rides
+    ride = LatencyGuard().apply(plan, st, C)
+    assert ride.items == (pre(0, 40, True), pre(1, 500)) and not ride.pause
+    # while another interactive stream decodes, its gap would stretch: no ride (held here)
+    views = (*views, view(2, Phase.DECODE))
+    st = SchedulerState(views, EngineStats(cost=GPU, guard_hold=5), NOW)
+    held = LatencyGuard().apply(Plan((dec(2), *plan.items)), st, C)
+    assert [i.seq_id for i in held.items] == [2, 0]
+
+
 def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
     c = replace(C, pause_every=20)
     learner = TickLearner(c, None)
