@@ -131,9 +131,10 @@ class OnlineTickModel:
 REFIT_EVERY = 4  # ticks between refits (a refit costs ~10-100 us, a GPU tick 1.4 ms)
 OUTLIERS_IN_A_ROW = 3  # this many far-off ticks of a kind in a row: the machine changed
 
-# the ridge on each coefficient: the per-decoder cost b is the one held back, so a tick the
-# data cannot split (always one decoder) is put on the intercept, not on every decoder
-RIDGE = np.array([1e-3, 1.0, 1e-3, 1e-3, 1e-3])
+# the ridge on each coefficient: the per-decoder cost b and the step e are held back, so a
+# tick the data cannot split goes to the intercept (always one decoder) or to the per-token
+# cost (prompts all of one size), and a step is only seen where prompt sizes vary
+RIDGE = np.array([1e-3, 1.0, 1e-3, 1e-3, 1.0])
 RIDGE_DIAG = np.diag(RIDGE)
 
 
