@@ -64,9 +64,9 @@ class OnlineTickModel:
 
     Two windows of ``window`` ticks each, one of ticks with prefill and one without, so a
     long stretch of decode-only ticks does not forget what prompt tokens cost (and vice
-    versa). The normal equations are kept as running sums (a tick in, the oldest of its
-    window out), so a refit is a 5x5 solve or a few: cheap beside a 1.4 ms GPU tick.
-    Coefficients are kept non-negative (an active set: a negative one is dropped and the
+    versa). A tick costs a residual check and an append; every ``REFIT_EVERY`` ticks the
+    normal equations are rebuilt and solved (~10 us a tick, amortised, beside a 1.4 ms GPU
+    tick). Coefficients are kept non-negative (an active set: a negative one is dropped and the
     rest refitted); a small ridge settles directions the ticks do not tell apart (with one
     decoder always, the tick goes to the intercept). A tick far off the model, by much more
     than is typical for its kind (a preempted tick, a page-fault storm), is left out, unless
@@ -86,12 +86,10 @@ class OnlineTickModel:
         self.prior = prior or TickCost()
         self.min_samples = min_samples
         self.warmup = warmup
-        self._rows: dict[bool, deque[tuple[np.ndarray, float]]] = {
+        self._rows: dict[bool, deque[tuple[tuple[float, ...], float]]] = {
             False: deque(maxlen=window),
             True: deque(maxlen=window),
         }
-        self._xtx = np.zeros((N_FEATURES, N_FEATURES))
-        self._xty = np.zeros(N_FEATURES)
         self._typical = {False: 0.0, True: 0.0}  # smoothed |residual| per kind
         self._rejected = {False: 0, True: 0}  # outliers in a row per kind
         self.samples = 0
@@ -115,20 +113,18 @@ class OnlineTickModel:
                 return
         self._rejected[kind] = 0
         self._typical[kind] += 0.05 * (residual - self._typical[kind])
-        x = np.array(shape.features())
-        if len(rows) == rows.maxlen:
-            old_x, old_ms = rows[0]
-            self._xtx -= np.outer(old_x, old_x)
-            self._xty -= old_x * old_ms
-        rows.append((x, ms))
-        self._xtx += np.outer(x, x)
-        self._xty += x * ms
-        if self.samples >= self.warmup + self.min_samples and self.samples % REFIT_EVERY == 0:
-            a, b, c, d, e = (float(v) for v in _nonneg_ridge(self._xtx, self._xty))
+        rows.append((shape.features(), ms))
+        n_rows = len(self._rows[False]) + len(self._rows[True])
+        due = self.samples % REFIT_EVERY == 0 or n_rows < 4 * REFIT_EVERY  # often while young
+        if self.samples >= self.warmup + self.min_samples and due:
+            both = [*self._rows[False], *self._rows[True]]
+            x = np.array([f for f, _ in both])
+            y = np.array([ms for _, ms in both])
+            a, b, c, d, e = (float(v) for v in _nonneg_ridge(x.T @ x, x.T @ y))
             self._cost = TickCost(a, b, c, d, e, self.samples)
 
 
-REFIT_EVERY = 4  # ticks between refits (a refit costs ~10-100 us, a GPU tick 1.4 ms)
+REFIT_EVERY = 16  # ticks between refits (a refit costs ~100-200 us, a GPU tick 1.4 ms)
 OUTLIERS_IN_A_ROW = 3  # this many far-off ticks of a kind in a row: the machine changed
 
 # the ridge on each coefficient: the per-decoder cost b and the step e are held back, so a
