@@ -27,7 +27,8 @@ ticks of ~3 ms instead of 1.4 on an H100; r starts at 2). One gap in ``pause_eve
 the first ticks after each prompt, take ~3%) while prompts still move in whole batches. And a
 tick that carries a new interactive prompt while no interactive stream decodes pays the
 step anyway and is nobody's inter-token gap: background prefill *rides* along with it, up
-to ``bg_tick_ms`` (on an H100 a whole 512-token batch adds ~8 ms to that prompt's TTFT).
+to ``bg_tick_ms`` (on an H100 a whole 512-token batch adds ~8 ms to that prompt's TTFT). A
+prompt that waited ``starve_ms`` gets a pause at once, not a one-token chunk.
 """
 
 from __future__ import annotations
@@ -95,10 +96,15 @@ class LatencyGuard:
         # a new interactive prompt with no interactive stream decoding pays the step anyway,
         # and is no inter-token gap: background prefill rides along, up to bg_tick_ms
         ride = stepped and not decoding and background_prefill
+        # a starved prompt's forced progress comes as a pause too: a one-token chunk would pay
+        # the whole step (and the slow ticks after it) for one token
+        starving = any(
+            i.phase is Phase.PREFILL and not interactive(i) and starved(i) for i in plan.items
+        )
         pause = (
             stepped
             and not ride
-            and not held
+            and (not held or starving)
             and room(kept, budget) < c.min_prefill_tokens
             and background_prefill
         )

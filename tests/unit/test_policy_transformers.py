@@ -160,6 +160,14 @@ def test_background_prefill_rides_on_a_new_interactive_prompt_when_cost_is_stepp
     assert [i.seq_id for i in held.items] == [2, 0]
 
 
+def test_a_starved_prompt_gets_a_pause_not_a_token_when_cost_is_stepped() -> None:
+    old = NOW - int(2500e6)  # 2.5 s without progress > starve_ms 2 s
+    views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000, progress=old))
+    st = SchedulerState(views, EngineStats(cost=GPU, guard_hold=50), NOW)
+    plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, C)
+    assert plan.pause and plan.items == (dec(0), pre(1, 500))
+
+
 def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
     c = replace(C, pause_every=20)
     learner = TickLearner(c, None)
