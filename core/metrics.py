@@ -64,6 +64,7 @@ class EngineMetrics:
         self.prefill_guard_active = 0
         self.ticks_over_budget_total = 0
         self.ticks_aborted_total = 0
+        self.ticks_paused_total = 0
         self.tick_ms_predicted_last = 0.0
         self.tick_overhead_ms_ewma = 0.0
         self.tick_budget_ms_last = 0.0
@@ -132,6 +133,7 @@ class EngineMetrics:
             "prefill_guard_active": self.prefill_guard_active,
             "ticks_over_budget_total": self.ticks_over_budget_total,
             "ticks_aborted_total": self.ticks_aborted_total,
+            "ticks_paused_total": self.ticks_paused_total,
             "tick_ms_predicted_last": self.tick_ms_predicted_last,
             "tick_overhead_ms_ewma": self.tick_overhead_ms_ewma,
             "tick_budget_ms_last": self.tick_budget_ms_last,

@@ -90,6 +90,10 @@ COUNTERS = {
         "uma_ticks_aborted_total",
         "Background ticks stopped mid-decode because an interactive request arrived.",
     ),
+    "ticks_paused_total": (
+        "uma_ticks_paused_total",
+        "Whole-batch background ticks among interactive ones (stepped tick cost: a GPU).",
+    ),
     "prefix_cache_queries_total": (
         "uma_prefix_cache_queries_total",
         "Admitted requests looked up in the prefix cache.",

@@ -177,6 +177,7 @@ def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
     m = EngineMetrics()
     learner.record(15.0, plan, st, m)
     assert learner.stats.guard_hold == 60 and learner.stats.guard_ramp is None  # 20 x (1 + 2)
+    assert m.ticks_paused_total == 1 and m.snapshot()["ticks_paused_total"] == 1
     # no slow interactive tick after the pause (r: 2 -> 1), then a pause, then three slow
     # ones (a GPU re-capturing its graph; r: 1 -> 2)
     decode = Plan((dec(0),), budget_ms=2.0)
