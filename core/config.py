@@ -49,6 +49,7 @@ class Config:
     reserved_interactive_seqs: int = 1
     sampler: str = "auto"
     overlap: str = "auto"
+    compute_nice: int = 5
     prefix_cache_tokens: int = 4096
     prefix_cache_slots: int = 8
     spec_draft: int = -1
@@ -126,6 +127,12 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "whole-batch pauses that stretch at most one interactive gap in this many (100: 1 percent, "
         "so ITL p95 stays at solo)",
         "scheduler.pause_every",
+    ),
+    "compute_nice": (
+        "raise the compute threads' nice value by this much (the engine thread and llama.cpp's "
+        "workers, which inherit it; the I/O threads keep theirs): the socket, the gateway and "
+        "the user's other programs then preempt token compute at once (0: off)",
+        None,
     ),
     "starve_ms": ("longest wait between two advances of any session", "scheduler.starve_ms"),
     "bmt_budget": (
@@ -284,6 +291,8 @@ def validate(c: Config) -> None:
     ):
         if getattr(c, name) < 0:
             problems.append(f"{name} must not be negative")
+    if not 0 <= c.compute_nice <= 19:
+        problems.append("compute_nice must be in [0, 19]")
     if c.overlap not in ("auto", "on", "off"):
         problems.append("overlap must be auto, on or off")
     if c.spec_draft < -1:

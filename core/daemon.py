@@ -89,6 +89,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         sampler=sampler,
         overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
+        compute_nice=config.compute_nice,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()

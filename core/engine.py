@@ -10,6 +10,7 @@ When there is no work the thread sleeps on the Condition: no polling, no fixed s
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -66,12 +67,14 @@ class Engine:
         sampler: str = "numpy",
         prefix_cache_tokens: int = 0,
         overlap: bool = False,
+        compute_nice: int = 0,
     ) -> None:
         self.runtime = runtime
         # hand a tick's events to the I/O thread only once the next tick is launched: a GPU
         # decode returns before the device finishes, and the I/O thread's encoding then runs
         # while this thread waits on the device (GIL released) instead of beside the planning
         self._overlap = overlap
+        self._compute_nice = compute_nice
         self.policy = policy
         self.constraints = constraints
         self.sink = sink
@@ -129,6 +132,14 @@ class Engine:
     # ---- engine thread ----
 
     def _run(self) -> None:
+        if self._compute_nice > 0:  # llama.cpp's worker threads, made by this one, inherit it
+            tid = threading.get_native_id()
+            try:
+                os.setpriority(
+                    os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + self._compute_nice
+                )
+            except OSError as exc:
+                log.warning("cannot lower the compute threads' priority: %s", exc)
         try:
             while True:
                 ops, stop = self._inbox.take(self._busy, self._learner.idle)

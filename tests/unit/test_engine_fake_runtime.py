@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,3 +161,28 @@ def test_an_interactive_arrival_aborts_a_long_background_tick() -> None:
     assert rt.aborts == 1 and engine.metrics.ticks_aborted_total == 1
     engine.stop("test over")
     engine.join(5)
+
+
+def test_compute_threads_run_at_a_raised_nice_value() -> None:
+    """The engine thread (and so llama.cpp's workers it starts) yields to the I/O threads."""
+    import os
+
+    engine = Engine(
+        FakeRuntime(),
+        BaselinePolicy(),
+        Constraints(n_batch=64, tick_budget_ms=50.0),
+        lambda batch: None,
+        compute_nice=3,
+    )
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    engine.start()
+    try:
+        deadline = time.monotonic() + 5
+        tid = engine._thread.native_id
+        while os.getpriority(os.PRIO_PROCESS, tid) != min(before + 3, 19):
+            assert time.monotonic() < deadline, "the engine thread's nice value was not raised"
+            time.sleep(0.01)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # I/O side
+    finally:
+        engine.stop("test over")
+        engine.join(5)
