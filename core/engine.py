@@ -10,7 +10,6 @@ When there is no work the thread sleeps on the Condition: no polling, no fixed s
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -32,6 +31,7 @@ from uma_serve.core.policy.prefix import PrefixIndex
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.prefix_store import PrefixStore
+from uma_serve.core.priority import lower_current_thread
 from uma_serve.core.runtime import Runtime, Span
 from uma_serve.core.samplers import Samplers
 from uma_serve.core.sequence import RequestKey, Sequence
@@ -132,14 +132,7 @@ class Engine:
     # ---- engine thread ----
 
     def _run(self) -> None:
-        if self._compute_nice > 0:  # llama.cpp's worker threads, made by this one, inherit it
-            tid = threading.get_native_id()
-            try:
-                os.setpriority(
-                    os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + self._compute_nice
-                )
-            except OSError as exc:
-                log.warning("cannot lower the compute threads' priority: %s", exc)
+        lower_current_thread(self._compute_nice)  # llama.cpp's workers, started here, inherit it
         try:
             while True:
                 ops, stop = self._inbox.take(self._busy, self._learner.idle)

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-N_FEATURES = 5
-
 
 @dataclass(frozen=True, slots=True)
 class TickShape:
@@ -83,7 +81,6 @@ class OnlineTickModel:
         min_samples: int = 8,
         warmup: int = 4,
     ) -> None:
-        self.prior = prior or TickCost()
         self.min_samples = min_samples
         self.warmup = warmup
         self._rows: dict[bool, deque[tuple[tuple[float, ...], float]]] = {
@@ -93,7 +90,7 @@ class OnlineTickModel:
         self._typical = {False: 0.0, True: 0.0}  # smoothed |residual| per kind
         self._rejected = {False: 0, True: 0}  # outliers in a row per kind
         self.samples = 0
-        self._cost = self.prior
+        self._cost = prior or TickCost()
 
     @property
     def cost(self) -> TickCost:
