@@ -39,6 +39,7 @@ class CorePool:
         self._next = itertools.cycle(range(self.size))
         self._info: p.InfoEvent | None = None
         self._info_at = 0.0
+        self._info_refresh: asyncio.Task | None = None
 
     async def client(self) -> AsyncUmaClient:
         """A live connection (round robin), reconnecting its slot if it closed."""
@@ -68,12 +69,24 @@ class CorePool:
             raise CoreError(E_CONNECT, f"the core did not answer {name} in time") from None
 
     async def info(self) -> p.InfoEvent:
-        """The core's info, cached for a few seconds (routes read it on every request)."""
-        now = time.monotonic()
-        if self._info is None or now - self._info_at > self.info_ttl:
+        """The core's info (routes read it on every request). Fetched once per connection to
+        a core; after ``info_ttl`` the cached one still answers while a fresh one is fetched
+        in the background, so no request waits for that round trip."""
+        if self._info is None:
             self._info = await self._admin("info")
-            self._info_at = now
+            self._info_at = time.monotonic()
+        elif time.monotonic() - self._info_at > self.info_ttl and self._info_refresh is None:
+            self._info_refresh = asyncio.ensure_future(self._refresh_info())
         return self._info
+
+    async def _refresh_info(self) -> None:
+        try:
+            self._info = await self._admin("info")
+            self._info_at = time.monotonic()
+        except CoreError:
+            pass  # the core is away: requests meet that on their own connection
+        finally:
+            self._info_refresh = None
 
     async def health(self) -> p.HealthEvent:
         return await self._admin("health")
@@ -101,6 +114,8 @@ class CorePool:
                     raise
 
     async def close(self) -> None:
+        if self._info_refresh is not None:
+            self._info_refresh.cancel()
         for i, client in enumerate(self._slots):
             if client is not None:
                 await client.close()

@@ -243,9 +243,7 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
         gateway_s = (sent - arrived) + (time.perf_counter() - got)
         request.app.state.metrics.added_latency.observe(gateway_s)
 
-    return sse_response(
-        job, first, events, on_close, headers={"X-Request-Id": job.id}, on_first_sent=observe
-    )
+    return sse_response(job, first, events, on_close, on_first_sent=observe)
 
 
 async def list_models(request: Request) -> Response:

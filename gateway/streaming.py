@@ -28,6 +28,15 @@ from uma_serve.core import protocol as p
 from uma_serve.gateway.errors import ApiError, from_core_error
 
 T = TypeVar("T")
+WATCH_AFTER_S = 0.001  # when the disconnect watcher of a request waiting for its first token starts
+# sse-starlette's headers for a text/event-stream response, sent with the first chunk before
+# the EventSourceResponse (whose set-up is not on the TTFT path) exists
+SSE_HEADERS = [
+    (b"cache-control", b"no-store"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+]
 
 
 class ClientGone(Exception):
@@ -157,11 +166,13 @@ async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Event:
     """The stream's first event, awaited on this task itself (the TTFT path: no wrapper task,
-    no asyncio.wait); a watcher cancels this task if the client disconnects first, which
-    becomes ClientGone."""
+    no asyncio.wait). A watcher cancels this task if the client disconnects first, which
+    becomes ClientGone; it starts ``WATCH_AFTER_S`` later, while the core works, so creating
+    it is not on the path of a request to the core."""
     task = asyncio.current_task()
     assert task is not None
     gone = False
+    watcher: asyncio.Task | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -169,7 +180,11 @@ async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Eve
         gone = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watching)
     try:
         return await anext(events)
     except asyncio.CancelledError:
@@ -178,7 +193,9 @@ async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Eve
         task.uncancel()
         raise ClientGone from None
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
@@ -196,33 +213,35 @@ async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
 
 
 class GuardedEventSource(EventSourceResponse):
-    """An EventSourceResponse that runs ``cleanup`` however the response ends.
+    """An EventSourceResponse that sends its headers and first chunk itself, at once, and
+    runs ``cleanup`` however the response ends.
 
-    The body generator's own ``finally`` does not run if the generator never started (the
-    client left before the first send): this wrapper still frees the slot and the core request.
+    sse-starlette's set-up (its __init__, then a task group for pings, disconnects and the
+    rest of the stream) runs only after the first chunk is out, so none of it is on the TTFT
+    path. The body generator's own ``finally`` does not run if the generator never started
+    (the client left before the first send): this wrapper still frees the slot and the core
+    request.
     """
 
     def __init__(
         self,
-        *args: Any,
+        body: AsyncIterator[Any],
+        request_id: str,
         cleanup: Callable[[], Awaitable[None]],
         on_first_sent: Callable[[], None] | None = None,
-        **kw: Any,
     ) -> None:
-        super().__init__(*args, **kw)
+        self.body_iterator = body
+        self._request_id = request_id
         self._cleanup = cleanup
         self._on_first_sent = on_first_sent
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """The headers and the first chunk (ready: the route waited for the first token) go
-        out from this task at once; sse-starlette's task group (pings, disconnects, the rest
-        of the stream) starts after them, so its start-up is not on the TTFT path."""
         try:
             try:
                 first = await anext(self.body_iterator)  # type: ignore[call-overload]
-                start = {"type": "http.response.start", "status": self.status_code}
-                await send({**start, "headers": self.raw_headers})
-                body = ensure_bytes(first, self.sep)
+                headers = [(b"x-request-id", self._request_id.encode()), *SSE_HEADERS]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                body = ensure_bytes(first, "\n")
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if self._on_first_sent is not None:
                     self._on_first_sent()
@@ -234,6 +253,7 @@ class GuardedEventSource(EventSourceResponse):
                 if message["type"] != "http.response.start":  # already sent
                     await send(message)
 
+            super().__init__(self.body_iterator, sep="\n", ping=15)
             await super().__call__(scope, receive, rest)
         finally:
             await self._cleanup()
@@ -244,7 +264,6 @@ def sse_response(
     first: p.Event,
     events: AsyncIterator[p.Event],
     on_close: Callable[[], None],
-    headers: dict[str, str] | None = None,
     on_first_sent: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
     """The stream, starting from an already received first event."""
@@ -296,6 +315,4 @@ def sse_response(
         finally:
             await cleanup()
 
-    return GuardedEventSource(
-        body(), headers=headers, sep="\n", ping=15, cleanup=cleanup, on_first_sent=on_first_sent
-    )
+    return GuardedEventSource(body(), job.id, cleanup=cleanup, on_first_sent=on_first_sent)

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,62 @@ def test_cli_api_keys_from_flags_or_env(monkeypatch):
     assert s.api_keys == ["c"] and s.core_socket == "/y.sock"
     monkeypatch.delenv("UMA_API_KEY")
     assert settings_from(parser().parse_args([])).api_keys == []
+
+
+def test_first_event_turns_a_disconnect_while_waiting_into_client_gone():
+    """A client that leaves before its first token: the wait ends with ClientGone (the route
+    then closes the core stream, which sends ``cancel``), not when the core answers."""
+    import asyncio
+
+    from uma_serve.gateway.streaming import ClientGone, first_event
+
+    class LeavingRequest:
+        async def receive(self) -> dict:
+            await asyncio.sleep(0.02)
+            return {"type": "http.disconnect"}
+
+    async def never() -> AsyncIterator[p.Event]:
+        await asyncio.sleep(3600)
+        yield p.TokenEvent(id="x", text="late", token_id=1)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(ClientGone):
+            await first_event(LeavingRequest(), never())  # type: ignore[arg-type]
+        return loop.time() - t0
+
+    assert asyncio.run(main()) < 1.0
+
+
+def test_core_info_is_refreshed_in_the_background():
+    """Past its TTL the cached info still answers at once; a fresh one replaces it."""
+    import asyncio
+
+    from uma_serve.gateway.core_pool import CorePool
+
+    def info(model: str) -> p.InfoEvent:
+        return p.InfoEvent(
+            id=None, model=model, model_path="m.gguf", n_ctx=64, n_ctx_per_seq=64, n_seq=1,
+            n_vocab=8, chat_template=False, version="0", max_tokens=8, max_prompt_bytes=64,
+        )  # fmt: skip
+
+    async def main() -> list[str]:
+        pool = CorePool("/nonexistent.sock", info_ttl=0.0)
+        answers = iter(["first", "second", "third", "fourth"])
+        calls = []
+
+        async def admin(name: str) -> p.InfoEvent:
+            calls.append(name)
+            await asyncio.sleep(0.01)
+            return info(next(answers))
+
+        pool._admin = admin  # type: ignore[method-assign]
+        seen = [(await pool.info()).model]  # nothing cached: waits for the core
+        seen.append((await pool.info()).model)  # stale: answered at once, refresh started
+        await asyncio.sleep(0.05)
+        seen.append((await pool.info()).model)
+        await pool.close()
+        return seen + calls
+
+    assert asyncio.run(main())[:3] == ["first", "first", "second"]
