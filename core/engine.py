@@ -70,9 +70,9 @@ class Engine:
         compute_nice: int = 0,
     ) -> None:
         self.runtime = runtime
-        # hand a tick's events to the I/O thread only once the next tick is launched: a GPU
-        # decode returns before the device finishes, and the I/O thread's encoding then runs
-        # while this thread waits on the device (GIL released) instead of beside the planning
+        # hand a tick's events to the I/O thread only once the next tick is launched (the
+        # encoding then runs while the device works); off by default: it gained nothing
+        # measurable and delays each tick's tokens by the next launch (docs/CONFIG.md)
         self._overlap = overlap
         self._compute_nice = compute_nice
         self.policy = policy

@@ -73,16 +73,18 @@ class CorePool:
         a core; after ``info_ttl`` the cached one still answers while a fresh one is fetched
         in the background, so no request waits for that round trip."""
         if self._info is None:
-            self._info = await self._admin("info")
-            self._info_at = time.monotonic()
-        elif time.monotonic() - self._info_at > self.info_ttl and self._info_refresh is None:
+            return await self._fetch_info()
+        if time.monotonic() - self._info_at > self.info_ttl and self._info_refresh is None:
             self._info_refresh = asyncio.ensure_future(self._refresh_info())
+        return self._info
+
+    async def _fetch_info(self) -> p.InfoEvent:
+        self._info, self._info_at = await self._admin("info"), time.monotonic()
         return self._info
 
     async def _refresh_info(self) -> None:
         try:
-            self._info = await self._admin("info")
-            self._info_at = time.monotonic()
+            await self._fetch_info()
         except CoreError:
             pass  # the core is away: requests meet that on their own connection
         finally:

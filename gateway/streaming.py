@@ -31,6 +31,7 @@ T = TypeVar("T")
 WATCH_AFTER_S = 0.001  # when the disconnect watcher of a request waiting for its first token starts
 # sse-starlette's headers for a text/event-stream response, sent with the first chunk before
 # the EventSourceResponse (whose set-up is not on the TTFT path) exists
+SSE_SEP, SSE_PING_S = "\n", 15
 SSE_HEADERS = [
     (b"cache-control", b"no-store"),
     (b"connection", b"keep-alive"),
@@ -241,7 +242,7 @@ class GuardedEventSource(EventSourceResponse):
                 first = await anext(self.body_iterator)  # type: ignore[call-overload]
                 headers = [(b"x-request-id", self._request_id.encode()), *SSE_HEADERS]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
-                body = ensure_bytes(first, "\n")
+                body = ensure_bytes(first, SSE_SEP)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if self._on_first_sent is not None:
                     self._on_first_sent()
@@ -253,7 +254,7 @@ class GuardedEventSource(EventSourceResponse):
                 if message["type"] != "http.response.start":  # already sent
                     await send(message)
 
-            super().__init__(self.body_iterator, sep="\n", ping=15)
+            super().__init__(self.body_iterator, sep=SSE_SEP, ping=SSE_PING_S)
             await super().__call__(scope, receive, rest)
         finally:
             await self._cleanup()
