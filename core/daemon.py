@@ -51,6 +51,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
         )
     )
+    runtime.warm_up()
     names = [n.strip() for n in config.policy.split(",") if n.strip()]
     facts = runtime.model_facts()
     guarded = "latency" in names

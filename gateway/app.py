@@ -6,6 +6,7 @@ included), CORS (answers preflights before auth sees them), auth (``/v1/*`` only
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -58,9 +59,11 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         pool = CorePool(settings.core_socket, size=settings.pool_size)
         app.state.pool = pool
+        warm = asyncio.ensure_future(pool.warm())
         try:
             yield
         finally:
+            warm.cancel()
             await pool.close()
 
     middleware = [Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS)]

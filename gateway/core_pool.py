@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -18,6 +19,8 @@ from typing import Any
 from uma_serve.clients.client import AsyncUmaClient, CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.errors import E_CONNECT
+
+log = logging.getLogger("uma.gateway")
 
 
 class CorePool:
@@ -60,6 +63,16 @@ class CorePool:
             self._slots[i] = fresh
             self._info = None  # the core may have restarted with another model
             return fresh
+
+    async def warm(self) -> None:
+        """Open every connection and fetch the info at start-up, so the first requests do not
+        pay for them (best effort: a core that is not up yet is met by requests as usual)."""
+        try:
+            for _ in range(self.size):
+                await self.client()
+            await self._fetch_info()
+        except CoreError as exc:
+            log.info("core not reachable at start-up: %s", exc.message)
 
     async def _admin(self, name: str) -> Any:
         client = await self.client()

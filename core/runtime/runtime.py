@@ -15,6 +15,8 @@ from uma_serve.core.policy.state import ModelFacts
 from uma_serve.core.runtime.chain import Sampler
 from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
 
+WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
+
 log = logging.getLogger("uma.runtime")
 
 # ggml log levels (1 debug, 2 info, 3 warn, 4 error, 5 continuation); llama's info is chatty.
@@ -224,6 +226,22 @@ class Runtime:
                     self.memory, span.seq_id, shadow, span.pos, span.pos + len(span.tokens)
                 )
         return rc, rows
+
+    def warm_up(self) -> None:
+        """A prompt-shaped and a decode-shaped batch on sequence 0, then an empty cache, like
+        llama-server's start-up warm-up run: the first request then does not pay for the lazy
+        work of a fresh process (weights paged in, GPU kernels loaded, buffers allocated).
+        Start-up only: it clears the whole KV cache."""
+        tokens = self.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
+        tokens = tokens[: min(WARM_UP_TOKENS, self.params.n_batch)]
+        ll.llama_memory_clear(self.memory, True)
+        for span in (Span(0, 0, tokens, True), Span(0, len(tokens), tokens[-1:], True)):
+            rc, _ = self.decode([span])
+            self.synchronize()
+            if rc != 0:
+                log.warning("warm-up decode returned %d", rc)
+                break
+        ll.llama_memory_clear(self.memory, True)
 
     def synchronize(self) -> None:
         """Wait for the device: llama_decode returns once a GPU graph is launched, so a tick's

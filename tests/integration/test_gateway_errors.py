@@ -221,6 +221,26 @@ def test_core_down(fresh_tmp):
         gw.stop()
 
 
+def test_core_pool_warms_up_at_start_and_tolerates_a_missing_core(umad, fresh_tmp):
+    """The gateway opens its core connections and reads the core's info at start-up (the
+    first requests do not pay for them); with no core there, start-up goes on regardless."""
+    import asyncio
+
+    from uma_serve.gateway.core_pool import CorePool
+
+    async def warm(path: str) -> tuple[list, object]:
+        pool = CorePool(path, size=3)
+        await pool.warm()
+        state = ([s is not None and not s.closed for s in pool._slots], pool._info)
+        await pool.close()
+        return state
+
+    live, info = asyncio.run(warm(umad.socket))
+    assert live == [True, True, True] and info is not None and info.model
+    live, info = asyncio.run(warm(str(fresh_tmp / "nobody-home.sock")))
+    assert live == [False, False, False] and info is None
+
+
 def test_concurrent_bad_and_good_requests_leak_nothing(gateway, umad, model_id):
     """A mix of refused and served requests at once; afterwards no sequence is held."""
     client = gateway.client()

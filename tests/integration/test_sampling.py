@@ -46,6 +46,15 @@ def test_greedy_is_token_identical(runtime) -> None:
     assert all(a == b for a, b in pairs), pairs
 
 
+def test_warm_up_leaves_an_empty_cache_and_the_same_output(runtime) -> None:
+    """umad's start-up warm-up run: nothing of it stays in the KV cache or changes a result."""
+    params = SamplingParams(temperature=0.0)
+    before = generate_both(runtime, params, "The capital of France is", 12)
+    runtime.warm_up()
+    assert runtime.seq_pos_max(0) == -1
+    assert generate_both(runtime, params, "The capital of France is", 12) == before
+
+
 def test_greedy_with_penalties_is_token_identical(runtime) -> None:
     params = SamplingParams(
         temperature=0.0, repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.6
