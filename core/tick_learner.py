@@ -121,14 +121,16 @@ class TickLearner:
         """Hysteresis: an overrun tick that carried background work holds background prefill
         for hold_ticks, then re-enables it with a cap that doubles each tick. A pause tick
         (stepped cost) holds it long enough that pauses, with the slow ticks that follow
-        them, stretch one interactive gap in pause_every."""
+        them, stretch one interactive gap in pause_every; so does a ride (a whole batch of
+        background prefill went along with a new interactive prompt), so that the new
+        stream's first gap is not made a pause as well."""
         st, c = self.stats, self.constraints
         background_work = any(
             i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
         )
         over = plan.budget_ms is not None and ms > plan.budget_ms
-        if plan.pause:  # by design over the interactive budget: the next pause comes later
-            m.ticks_paused_total += 1
+        if plan.pause or plan.ride:  # background got a whole batch: the next pause comes later
+            m.ticks_paused_total += plan.pause
             self._recovering = 0
             return round(c.pause_every * (1.0 + self._recovery_ticks)), None
         if self._recovering is not None and any(

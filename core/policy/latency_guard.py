@@ -27,7 +27,8 @@ ticks of ~3 ms instead of 1.4 on an H100; r starts at 2). One gap in ``pause_eve
 the first ticks after each prompt, take ~3%) while prompts still move in whole batches. And a
 tick that carries a new interactive prompt while no interactive stream decodes pays the
 step anyway and is nobody's inter-token gap: background prefill *rides* along with it, up
-to ``bg_tick_ms`` (on an H100 a whole 512-token batch adds ~8 ms to that prompt's TTFT). A
+to ``bg_tick_ms`` (on an H100 a whole 512-token batch adds ~8 ms to that prompt's TTFT),
+and starts the same hold as a pause (else the new stream's first gap could be a pause). A
 prompt that waited ``starve_ms`` gets a pause at once, not a one-token chunk.
 """
 
@@ -140,4 +141,5 @@ class LatencyGuard:
             predicted_ms=cost.predict(plan_shape(tuple(kept), views)),
             guard_active=plan.guard_active or trimmed or held,
             pause=pause,
+            ride=ride,
         )

@@ -60,18 +60,20 @@ class TickCost:
 class OnlineTickModel:
     """Least squares over the most recent ticks, refitted every few ticks.
 
-    Two windows of ``window`` ticks each, one of ticks with prefill and one without, so a
-    long stretch of decode-only ticks does not forget what prompt tokens cost (and vice
-    versa). A tick costs a residual check and an append; every ``REFIT_EVERY`` ticks the
-    normal equations are rebuilt and solved (~10 us a tick, amortised, beside a 1.4 ms GPU
-    tick). Coefficients are kept non-negative (an active set: a negative one is dropped and the
-    rest refitted); a small ridge settles directions the ticks do not tell apart (with one
-    decoder always, the tick goes to the intercept). A tick far off the model, by much more
-    than is typical for its kind (a preempted tick, a page-fault storm), is left out, unless
-    such ticks keep coming (the machine changed). The first ``warmup`` ticks of a context
-    are not learned from (graph capture, first touch of the weights); until ``min_samples``
-    more are seen the prior stands. The prior is CPU-sized; on a GPU, whose ticks are ten
-    times shorter, the fit replaces it within a few ticks.
+    Two windows of ``window`` ticks each, one of ticks with prefill and one without, so a long
+    stretch of decode-only ticks does not forget what prompt tokens cost (and vice versa). The
+    normal equations are kept as running sums: every ``REFIT_EVERY`` ticks the rows that entered
+    the windows since are added to them and those pushed out subtracted, and a 5x5 system is
+    solved; in between a tick costs a residual check and two appends. (Rebuilding them from the
+    windows' 512 rows took 0.3-1 ms of Python: one interactive gap in 16 stretched on a GPU.)
+    Coefficients are kept non-negative (an active set: a negative one is dropped and the rest
+    refitted); a small ridge settles directions the ticks do not tell apart (with one decoder
+    always, the tick goes to the intercept). A tick far off the model, by much more than is
+    typical for its kind (a preempted tick, a page-fault storm), is left out, unless such ticks
+    keep coming (the machine changed). The first ``warmup`` ticks of a context are not learned
+    from (graph capture, first touch of the weights); until ``min_samples`` more are seen the
+    prior stands. The prior is CPU-sized; on a GPU, whose ticks are ten times shorter, the fit
+    replaces it within a few ticks.
     """
 
     def __init__(
@@ -91,6 +93,9 @@ class OnlineTickModel:
         self._rejected = {False: 0, True: 0}  # outliers in a row per kind
         self.samples = 0
         self._cost = prior or TickCost()
+        self._xtx = np.zeros((N_FEATURES, N_FEATURES))  # Σ x xᵀ over both windows' rows
+        self._xty = np.zeros(N_FEATURES)  # Σ x·ms
+        self._moves: list[tuple[tuple[float, ...], float, float]] = []  # not yet in the sums
 
     @property
     def cost(self) -> TickCost:
@@ -110,18 +115,32 @@ class OnlineTickModel:
                 return
         self._rejected[kind] = 0
         self._typical[kind] += 0.05 * (residual - self._typical[kind])
-        rows.append((shape.features(), ms))
+        if len(rows) == rows.maxlen:  # the oldest row leaves the window
+            self._moves.append((*rows[0], -1.0))
+        row = (shape.features(), ms)
+        rows.append(row)
+        self._moves.append((*row, 1.0))
         n_rows = len(self._rows[False]) + len(self._rows[True])
         due = self.samples % REFIT_EVERY == 0 or n_rows < 4 * REFIT_EVERY  # often while young
         if self.samples >= self.warmup + self.min_samples and due:
-            both = [*self._rows[False], *self._rows[True]]
-            x = np.array([f for f, _ in both])
-            y = np.array([ms for _, ms in both])
-            a, b, c, d, e = (float(v) for v in _nonneg_ridge(x.T @ x, x.T @ y))
+            self._settle_moves()
+            a, b, c, d, e = (float(v) for v in _nonneg_ridge(self._xtx, self._xty))
             self._cost = TickCost(a, b, c, d, e, self.samples)
 
+    def _settle_moves(self) -> None:
+        """Fold the rows that entered or left the windows since the last refit into the sums."""
+        if not self._moves:
+            return
+        x = np.array([f for f, _, _ in self._moves])
+        y = np.array([ms for _, ms, _ in self._moves])
+        sign = np.array([s for _, _, s in self._moves])
+        self._xtx += (x * sign[:, None]).T @ x
+        self._xty += x.T @ (sign * y)
+        self._moves.clear()
 
-REFIT_EVERY = 16  # ticks between refits (a refit costs ~100-200 us, a GPU tick 1.4 ms)
+
+REFIT_EVERY = 16  # ticks between refits (a 5x5 solve, ~20-100 us; a GPU tick 1.4 ms)
+N_FEATURES = 5
 OUTLIERS_IN_A_ROW = 3  # this many far-off ticks of a kind in a row: the machine changed
 
 # the ridge on each coefficient: the per-decoder cost b and the step e are held back, so a

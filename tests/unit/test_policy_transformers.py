@@ -152,7 +152,7 @@ def test_background_prefill_rides_on_a_new_interactive_prompt_when_cost_is_stepp
     plan = Plan((pre(0, 40, True), pre(1, 500)))
     st = SchedulerState(views, EngineStats(cost=GPU, guard_hold=5), NOW)  # held, yet it rides
     ride = LatencyGuard().apply(plan, st, C)
-    assert ride.items == (pre(0, 40, True), pre(1, 500)) and not ride.pause
+    assert ride.items == (pre(0, 40, True), pre(1, 500)) and ride.ride and not ride.pause
     # while another interactive stream decodes, its gap would stretch: no ride (held here)
     views = (*views, view(2, Phase.DECODE))
     st = SchedulerState(views, EngineStats(cost=GPU, guard_hold=5), NOW)
@@ -189,6 +189,22 @@ def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
     assert learner.stats.guard_hold == 36
     learner.record(15.0, plan, st, m)
     assert learner.stats.guard_hold == 60
+
+
+def test_a_ride_holds_prefill_like_a_pause_so_the_new_streams_first_gap_is_no_pause() -> None:
+    c = replace(C, pause_every=20)
+    learner = TickLearner(c, None)
+    views = (view(0, Phase.PREFILL, pending=40), view(1, Phase.PREFILL, "background", 1000))
+    st = SchedulerState(views, EngineStats(cost=GPU), NOW)
+    m = EngineMetrics()
+    ride = Plan((pre(0, 40, True), pre(1, 500)), budget_ms=C.bg_tick_ms, ride=True)
+    learner.record(15.0, ride, st, m)
+    assert learner.stats.guard_hold == 60 and m.ticks_paused_total == 0  # 20 x (1 + 2)
+    # the new stream's first decode tick: background prefill is held, not paused in
+    views = (view(0, Phase.DECODE), views[1])
+    st = SchedulerState(views, learner.stats, NOW)
+    first = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, C)
+    assert first.items == (dec(0),) and not first.pause
 
 
 def test_guard_never_starves_a_session() -> None:

@@ -76,3 +76,22 @@ def test_a_long_decode_only_stretch_keeps_what_prefill_costs() -> None:
         model.update(TickShape(1, 0, 0.0), truth.predict(TickShape(1, 0, 0.0)))
     probe = TickShape(1, 256, 0.0)
     assert abs(model.cost.predict(probe) - truth.predict(probe)) < 0.2
+
+
+def test_running_normal_equations_match_the_windows() -> None:
+    """The sums kept per tick (rows entering and leaving the windows) equal the normal
+    equations rebuilt from the rows the windows hold."""
+    import numpy as np
+
+    m = OnlineTickModel(window=32)
+    rng = np.random.default_rng(7)
+    for i in range(500):
+        prefill = int(rng.integers(1, 512)) if i % 3 == 0 else 0
+        shape = TickShape(int(rng.integers(1, 5)), prefill, float(rng.uniform(0.5, 9.0)))
+        m.update(shape, 1.4 + 0.02 * prefill + rng.normal(0.0, 0.05))
+    m._settle_moves()
+    rows = [*m._rows[False], *m._rows[True]]
+    assert len(rows) == 64
+    x = np.array([f for f, _ in rows])
+    y = np.array([ms for _, ms in rows])
+    assert np.allclose(m._xtx, x.T @ x) and np.allclose(m._xty, x.T @ y)
