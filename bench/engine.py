@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         "bare_median": b,
         "daemon_median": dm,
         "ratio": dm / b,
-        "target_ratio": 0.95,
+        "target_ratio": 0.95,  # issue 2; issue 7 asks for >= 1.0 at 4 streams on the CPU
+        "target_ratio_issue7": 1.0,
         "n_gpu_layers": args.n_gpu_layers,
         **ticks,
     }
@@ -164,5 +165,5 @@ def run(args: argparse.Namespace) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"engine N={args.n}: bare {b:.1f} tok/s, daemon {dm:.1f} tok/s, ratio {dm / b:.3f}")
     print("per tick (medians, ms): " + ", ".join(f"{k} {v}" for k, v in ticks.items()))
-    print(f"(target >= 0.95) summary: {out / 'summary.json'}")
+    print(f"(targets: >= 0.95 issue 2, >= 1.0 issue 7) summary: {out / 'summary.json'}")
     return 0
