@@ -130,7 +130,8 @@ class TickLearner:
         )
         over = plan.budget_ms is not None and ms > plan.budget_ms
         if plan.pause or plan.ride:  # background got a whole batch: the next pause comes later
-            m.ticks_paused_total += plan.pause
+            if plan.pause:
+                m.ticks_paused_total += 1
             self._recovering = 0
             return round(c.pause_every * (1.0 + self._recovery_ticks)), None
         if self._recovering is not None and any(

@@ -131,9 +131,8 @@ class OnlineTickModel:
         """Fold the rows that entered or left the windows since the last refit into the sums."""
         if not self._moves:
             return
-        x = np.array([f for f, _, _ in self._moves])
-        y = np.array([ms for _, ms, _ in self._moves])
-        sign = np.array([s for _, _, s in self._moves])
+        rows = np.array([(*f, ms, sign) for f, ms, sign in self._moves])
+        x, y, sign = rows[:, :N_FEATURES], rows[:, N_FEATURES], rows[:, N_FEATURES + 1]
         self._xtx += (x * sign[:, None]).T @ x
         self._xty += x.T @ (sign * y)
         self._moves.clear()
