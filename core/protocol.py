@@ -36,6 +36,11 @@ Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 QoS = Literal["interactive", "background"]
+# token id -> added to its logit before sampling (-100 bans a token, +100 forces it), as OpenAI
+LogitBias = Annotated[
+    dict[Annotated[int, msgspec.Meta(ge=0)], Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]],
+    msgspec.Meta(max_length=1024),
+]
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,6 +66,7 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 1.0
+    logit_bias: LogitBias | None = None
     stream: bool = True
     ignore_eos: bool = False
     qos: QoS = "interactive"

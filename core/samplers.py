@@ -26,6 +26,7 @@ def sampling_params(req: p.Generate) -> SamplingParams:
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         repeat_penalty=req.repeat_penalty,
+        logit_bias=tuple(sorted((req.logit_bias or {}).items())),
     )
 
 

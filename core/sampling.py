@@ -5,8 +5,8 @@ llama.cpp's sampler chain builds a 262,144-entry candidate array per sequence an
 the default model (~0.3 ms here, ~0.7 ms on a GPU host's CPU). Here a row is a numpy view on
 the context's logits buffer (no copy): greedy is one argmax; top-k / top-p / min-p find their
 candidates by partial selection (argpartition) and normalise with one vectorised log-sum-exp,
-so only the candidates are ever sorted. The chain's order and maths are kept: penalties ->
-top-k -> top-p -> min-p -> temperature -> draw, so greedy output is token-identical to
+so only the candidates are ever sorted. The chain's order and maths are kept: logit bias ->
+penalties -> top-k -> top-p -> min-p -> temperature -> draw, so greedy output is token-identical to
 llama.cpp's and sampled output follows the same distribution (seeded per request with
 numpy's PCG64, so the exact draws differ from llama.cpp's mt19937).
 """
@@ -40,6 +40,8 @@ class TokenSampler:
             or params.frequency_penalty != 0.0
             or params.presence_penalty != 0.0
         )
+        self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
+        self.bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
 
     def free(self) -> None:
         """Nothing native to free (same interface as runtime.Sampler)."""
@@ -47,6 +49,11 @@ class TokenSampler:
     def accept(self, token: int) -> None:
         if self.history.maxlen:
             self.history.append(token)
+
+    def _apply_bias(self, logits: np.ndarray) -> None:
+        """In place, first in the chain (as llama.cpp's common sampler and llama-server)."""
+        if len(self.bias_ids):
+            logits[self.bias_ids] += self.bias
 
     def _apply_penalties(self, logits: np.ndarray) -> None:
         """In place on the row (the buffer is rewritten by the next decode), as llama.cpp."""
@@ -60,6 +67,7 @@ class TokenSampler:
         logits[ids] = vals
 
     def sample(self, logits: np.ndarray) -> int:
+        self._apply_bias(logits)
         self._apply_penalties(logits)
         p = self.p
         token = int(np.argmax(logits)) if p.temperature <= 0.0 else self._draw(logits)
@@ -67,10 +75,10 @@ class TokenSampler:
         return token
 
     def needs_full_row(self, device_k: int) -> bool:
-        """True when a device top-k of ``device_k`` cannot stand in for the whole row:
-        penalties change logits before any truncation, and a wider top-k (or none) when
-        sampling needs tokens the device dropped."""
-        if self.penalized:
+        """True when a device top-k of ``device_k`` cannot stand in for the whole row: a
+        logit bias or penalties change logits before any truncation, and a wider top-k (or
+        none) when sampling needs tokens the device dropped."""
+        if self.penalized or len(self.bias_ids):
             return True
         return self.p.temperature > 0.0 and not (0 < self.p.top_k <= device_k)
 

@@ -2,8 +2,8 @@
 
 Unknown fields are refused (as OpenAI does with "Unrecognized request argument") so that no
 option is silently ignored. Fields OpenAI defines but the core cannot honour (``n > 1``,
-``best_of``, ``suffix``, a non-empty ``logit_bias``, tools, logprobs) are accepted only at
-their neutral values and otherwise refused with a 400 that names the parameter.
+``best_of``, ``suffix``, tools, logprobs) are accepted only at their neutral values and
+otherwise refused with a 400 that names the parameter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from uma_serve.gateway.errors import ApiError, bad_request
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
 QoS = Literal["interactive", "background"]
 Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)]
 
@@ -36,7 +37,8 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seed: int | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = None
+    # token ids as JSON object keys (strings), as OpenAI
+    logit_bias: Annotated[dict[str, Bias], msgspec.Meta(max_length=1024)] | None = None
     user: str | None = None
     n: int | None = None
     stream: bool | None = False
@@ -47,14 +49,22 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ignore_eos: bool | None = None
 
     @property
+    def token_bias(self) -> dict[int, float] | None:
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def check_common(self) -> None:
         if self.n is not None and self.n != 1:
             raise bad_request("only n=1 is supported", "n", "unsupported_value")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported", "logit_bias", "unsupported_parameter")
+        for key in self.logit_bias or {}:
+            if not key.isascii() or not key.isdigit():
+                raise bad_request(
+                    f"logit_bias keys must be token ids (non-negative integers), not {key!r}",
+                    "logit_bias",
+                )
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed with stream=true", "stream_options")
 
@@ -175,7 +185,7 @@ def _param_of(message: str) -> str | None:
     leaf = None
     if m2 := _MISSING.search(message) or _UNKNOWN.search(message):
         leaf = m2.group(1)
-    path = path.replace("[", ".[").replace(".[", "[")
+    path = path.replace("[", ".[").replace(".[", "[").replace("[...]", "")  # a map's value
     if leaf:
         return f"{path}.{leaf}" if path else leaf
     return path or None

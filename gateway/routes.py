@@ -154,6 +154,8 @@ def sampling(req: schema._Sampling) -> dict[str, Any]:
         out["seed"] = req.seed % (1 << 32)
     if req.ignore_eos:
         out["ignore_eos"] = True
+    if req.logit_bias:
+        out["logit_bias"] = req.token_bias
     return out
 
 

@@ -25,6 +25,9 @@ class Sampler:
     ) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if params.logit_bias:  # first, as llama.cpp's common sampler puts it
+            biases = (ll.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+            add(ll.llama_sampler_init_logit_bias(vocab_size, len(biases), biases))
         if (
             params.repeat_penalty != 1.0
             or params.frequency_penalty != 0.0

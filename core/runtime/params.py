@@ -40,6 +40,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     penalty_last_n: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), applied first
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ def ask_raw(umad, payload: bytes) -> p.Event | None:
         (b'{"type": "explode", "id": "x"}', p.E_PROTO),
         (b'{"id": "x", "prompt": "\xc3\x28"}', p.E_PROTO),
         (b'{"id": "x", "prompt": "hi", "max_tokens": 100000}', p.E_LIMIT_TOKENS),
+        (b'{"id": "x", "prompt": "hi", "logit_bias": {"-3": 1}}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "logit_bias": {"3": 101}}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "logit_bias": {"99999999": 1}}', p.E_PROTO),
     ],
 )
 def test_invalid_request_gets_error_and_connection_survives(umad, payload: bytes, code: str):

@@ -122,7 +122,6 @@ def test_prompt_over_core_limit(sdk, model_id):
         ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
         ({"suffix": "end"}, "suffix"),
-        ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"logprobs": 2}, "logprobs"),
     ],
 )
@@ -130,6 +129,34 @@ def test_unsupported_options_are_refused_not_ignored(sdk, model_id, extra, param
     with pytest.raises(openai.BadRequestError) as err:
         sdk.completions.create(model=model_id, prompt="hi", max_tokens=4, **extra)
     assert err.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("bias", "words"),
+    [
+        ({"forty": 5}, "token ids"),
+        ({"-2": 5}, "token ids"),
+        ({"42": 101}, "100"),
+        ({"42": "high"}, "float"),
+        ({"99999999": 5}, "not in the vocabulary"),  # refused by the core, same 400
+    ],
+)
+def test_bad_logit_bias(sdk, model_id, bias, words):
+    for call in (
+        lambda: sdk.completions.create(model=model_id, prompt="hi", max_tokens=2, logit_bias=bias),
+        lambda: sdk.chat.completions.create(
+            model=model_id,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            logit_bias=bias,
+            stream=True,
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            call()
+        assert words in str(err.value.message)
+        if words != "not in the vocabulary":
+            assert err.value.param == "logit_bias"
 
 
 def test_unknown_model(sdk):

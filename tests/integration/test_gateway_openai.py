@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 from conftest import start_daemon
 from prometheus_client.parser import text_string_to_metric_families
+
+from uma_serve.core.config import default_model_path
+from uma_serve.core.runtime import Runtime, RuntimeParams
 
 from .gateway_fixtures import *  # noqa: F403
 from .gateway_fixtures import core_metrics, start_gateway, wait_idle
@@ -119,6 +123,33 @@ def test_chat_stream_role_first_then_content(sdk, model_id):
     assert choices[-1].finish_reason == whole.choices[0].finish_reason
     assert all(ch.finish_reason is None for ch in choices[:-1])
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Iterator[Runtime]:
+    """The model's tokenizer, to name token ids in logit_bias."""
+    rt = Runtime(RuntimeParams(default_model_path(), n_ctx=256, n_seq=1))
+    yield rt
+    rt.close()
+
+
+def test_logit_bias_forces_and_bans_tokens(sdk, model_id, vocab):
+    (banana,) = vocab.tokenize(" banana", add_special=False)
+    piece = vocab.piece(banana).decode()
+    kw = dict(model=model_id, max_tokens=4, temperature=0)
+    forced = {str(banana): 100}
+    r = sdk.completions.create(prompt=PROMPT, logit_bias=forced, **kw)
+    assert r.choices[0].text == piece * 4
+    r = sdk.chat.completions.create(messages=CHAT, logit_bias=forced, **kw)
+    assert r.choices[0].message.content == piece * 4
+    stream = sdk.completions.create(prompt=PROMPT, logit_bias=forced, stream=True, **kw)
+    assert "".join(ch.choices[0].text for ch in stream if ch.choices) == piece * 4
+    # ban the greedy first token: the answer changes
+    plain = sdk.completions.create(prompt=PROMPT, **kw).choices[0].text
+    first = vocab.tokenize(plain, add_special=False)[0]
+    banned = sdk.completions.create(prompt=PROMPT, logit_bias={str(first): -100}, **kw)
+    assert banned.choices[0].text != plain
+    assert not banned.choices[0].text.startswith(vocab.piece(first).decode())
 
 
 def test_chat_stop_sequence_and_qos(gateway, model_id):

@@ -56,7 +56,8 @@ def test_completion_request_defaults():
         (b'{"prompt": "a", "n": 3}', "n"),
         (b'{"prompt": "a", "best_of": 2}', "best_of"),
         (b'{"prompt": "a", "suffix": "z"}', "suffix"),
-        (b'{"prompt": "a", "logit_bias": {"1": 3}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"x": 3}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"1": -300}}', "logit_bias"),
         (b'{"prompt": "a", "stream_options": {"include_usage": true}}', "stream_options"),
         (b'{"prompt": "a", "stream_options": {"x": 1}, "stream": true}', "stream_options.x"),
         (b'{"prompt": "a", "qos": "urgent"}', "qos"),
@@ -65,6 +66,17 @@ def test_completion_request_defaults():
 )
 def test_completion_request_refusals(body, param):
     assert decode_error(body).param == param
+
+
+def test_logit_bias_keys_become_token_ids():
+    req = schema.decode(
+        b'{"prompt": "a", "logit_bias": {"17": 2.5, "3": -100}}', schema.CompletionRequest
+    )
+    assert req.token_bias == {17: 2.5, 3: -100.0}
+    assert (
+        schema.decode(b'{"prompt": "a", "logit_bias": {}}', schema.CompletionRequest).token_bias
+        is None
+    )
 
 
 def test_malformed_and_empty_bodies():
