@@ -228,6 +228,7 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     events = request.app.state.pool.stream(job.generate)
     sent = time.perf_counter()
+    asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:
         first = await first_event(request, events)
     except CoreError as exc:

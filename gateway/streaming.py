@@ -82,6 +82,18 @@ class Job:
         head, tail = whole.split(json.dumps(marker), 1)
         return b"data: " + head.encode(), tail.encode() + b"\n\n"
 
+    @cached_property
+    def role_event(self) -> bytes:
+        """A chat stream's opening SSE event (the assistant role, no content yet)."""
+        if self.kind != "chat":
+            return b""
+        return f"data: {self.chunk([self.delta('', role=True)])}\n\n".encode()
+
+    def prepare(self) -> None:
+        """Build the per-stream templates ahead of the first token: scheduled to run while the
+        core prefills, so none of it is on the TTFT path."""
+        _ = self._content_frame, self.role_event
+
     def content_event(self, text: str) -> bytes:
         """One token's whole SSE event: the hot path, so only the text is encoded per token."""
         head, tail = self._content_frame
@@ -291,9 +303,7 @@ def sse_response(
                     text = ev.text
                     if not sent_any:  # the role delta and the first text, in one write
                         sent_any = True
-                        role = job.chunk([job.delta("", role=True)]) if job.kind == "chat" else ""
-                        head = f"data: {role}\n\n".encode() if role else b""
-                        yield head + job.content_event(job.echo + text)
+                        yield job.role_event + job.content_event(job.echo + text)
                         ev = await anext(events, None)
                         continue
                     yield job.content_event(text)
