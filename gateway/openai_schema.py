@@ -1,9 +1,9 @@
 """OpenAI request bodies as msgspec Structs: decoded and type-checked in one step.
 
 Unknown fields are refused (as OpenAI does with "Unrecognized request argument") so that no
-option is silently ignored. Fields OpenAI defines but the core cannot honour (``n > 1``,
-``best_of``, ``suffix``, tools, logprobs) are accepted only at their neutral values and
-otherwise refused with a 400 that names the parameter.
+option is silently ignored. Fields OpenAI defines but the core cannot honour (``best_of``,
+``suffix``, tools, logprobs) are accepted only at their neutral values and otherwise refused
+with a 400 that names the parameter.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
+MAX_N = 16  # choices per request (each is a sequence in the core)
 QoS = Literal["interactive", "background"]
 Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)]
 
@@ -40,7 +41,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # token ids as JSON object keys (strings), as OpenAI
     logit_bias: Annotated[dict[str, Bias], msgspec.Meta(max_length=1024)] | None = None
     user: str | None = None
-    n: int | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     # UMA extension: the scheduling class (also the X-UMA-QoS header).
@@ -57,8 +58,6 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def check_common(self) -> None:
-        if self.n is not None and self.n != 1:
-            raise bad_request("only n=1 is supported", "n", "unsupported_value")
         for key in self.logit_bias or {}:
             if not key.isascii() or not key.isdigit():
                 raise bad_request(

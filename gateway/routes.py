@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
+from uma_serve.gateway import choices
 from uma_serve.gateway import openai_schema as schema
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.streaming import (
@@ -199,6 +200,7 @@ async def _generate(request: Request, kind: type) -> Response:
                 **sampling(req),
             )
             job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+        job.n = req.n or 1
         if req.stream:
             response = await _start_stream(request, job, state.inflight.leave)
             handed_off = True
@@ -213,9 +215,12 @@ async def _generate(request: Request, kind: type) -> Response:
 
 
 async def _run_whole(request: Request, job: Job) -> dict[str, Any]:
+    pool = request.app.state.pool
     try:
-        async with aclosing(request.app.state.pool.stream(job.generate)) as events:
-            return await collect(job, events)
+        if job.n > 1:
+            return await choices.run_whole(pool, job)
+        async with aclosing(pool.stream(job.generate)) as events:
+            return job.whole(*await collect(job, events))
     except CoreError as exc:
         raise _core_api_error(exc, job) from None
 
@@ -226,7 +231,11 @@ def _core_api_error(exc: CoreError, job: Job) -> ApiError:
 
 async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
-    events = request.app.state.pool.stream(job.generate)
+    pool = request.app.state.pool
+    if job.n > 1:
+        events: Any = choices.merged([pool.stream(gen) for gen in job.generates()])
+    else:
+        events = pool.stream(job.generate)
     sent = time.perf_counter()
     asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:
@@ -237,15 +246,18 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     except BaseException:
         await events.aclose()
         raise
-    if isinstance(first, p.EosEvent | p.CompletionEvent) and first.reason not in ("stop", "length"):
+    ev = first[1] if job.n > 1 else first
+    if isinstance(ev, p.EosEvent | p.CompletionEvent) and ev.reason not in ("stop", "length"):
         await events.aclose()
-        raise end_error(job, first)  # type: ignore[misc]
+        raise end_error(job, ev)  # type: ignore[misc]
     arrived, got = getattr(request.state, "uma_arrival", sent), time.perf_counter()
 
     def observe() -> None:
         gateway_s = (sent - arrived) + (time.perf_counter() - got)
         request.app.state.metrics.added_latency.observe(gateway_s)
 
+    if job.n > 1:
+        return choices.sse_response(job, first, events, on_close, on_first_sent=observe)
     return sse_response(job, first, events, on_close, on_first_sent=observe)
 
 

@@ -55,7 +55,9 @@ class Job:
     include_usage: bool = False
     echo: str = ""
     prompt_param: str = "prompt"
+    n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
     created: int = field(default_factory=lambda: int(time.time()))
+    _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
 
     @property
     def object(self) -> str:
@@ -74,61 +76,98 @@ class Job:
             body["usage"] = usage
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
-    @cached_property
-    def _content_frame(self) -> tuple[bytes, bytes]:
-        """A content chunk's SSE bytes before and after its text, built once per stream."""
-        marker = "\x00"
-        whole = self.chunk([self.delta(marker)])
-        head, tail = whole.split(json.dumps(marker), 1)
-        return b"data: " + head.encode(), tail.encode() + b"\n\n"
+    def _frame(self, index: int) -> tuple[bytes, bytes]:
+        """A content chunk's SSE bytes before and after its text, built once per choice."""
+        frame = self._frames.get(index)
+        if frame is None:
+            marker = "\x00"
+            whole = self.chunk([self.delta(marker, index=index)])
+            head, tail = whole.split(json.dumps(marker), 1)
+            frame = self._frames[index] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        return frame
 
     @cached_property
     def role_event(self) -> bytes:
         """A chat stream's opening SSE event (the assistant role, no content yet)."""
+        return self.role_event_at(0)
+
+    def role_event_at(self, index: int) -> bytes:
         if self.kind != "chat":
             return b""
-        return f"data: {self.chunk([self.delta('', role=True)])}\n\n".encode()
+        return f"data: {self.chunk([self.delta('', role=True, index=index)])}\n\n".encode()
 
     def prepare(self) -> None:
         """Build the per-stream templates ahead of the first token: scheduled to run while the
         core prefills, so none of it is on the TTFT path."""
-        _ = self._content_frame, self.role_event
+        for index in range(self.n):
+            self._frame(index)
+        _ = self.role_event
 
-    def content_event(self, text: str) -> bytes:
+    def content_event(self, text: str, index: int = 0) -> bytes:
         """One token's whole SSE event: the hot path, so only the text is encoded per token."""
-        head, tail = self._content_frame
+        head, tail = self._frame(index)
         return head + msgspec.json.encode(text) + tail
 
-    def delta(self, text: str | None, finish: str | None = None, role: bool = False) -> dict:
+    def delta(
+        self, text: str | None, finish: str | None = None, role: bool = False, index: int = 0
+    ) -> dict:
         if self.kind == "text":
-            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            return {"text": text or "", "index": index, "logprobs": None, "finish_reason": finish}
         d: dict[str, Any] = {}
         if role:
             d["role"] = "assistant"
         if text is not None:
             d["content"] = text
-        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish}
 
-    def whole(self, text: str, reason: str, usage: p.Usage) -> dict[str, Any]:
+    def choice(self, index: int, text: str, reason: str) -> dict[str, Any]:
         text = self.echo + text
         if self.kind == "text":
-            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": reason,
-            }
+            return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
+
+    def whole(self, text: str, reason: str, usage: p.Usage) -> dict[str, Any]:
+        return self.whole_n([(text, reason, usage)])
+
+    def whole_n(self, results: list[tuple[str, str, p.Usage]]) -> dict[str, Any]:
+        """The whole answer from each choice's (text, finish reason, usage)."""
         return {
             "id": self.id,
             "object": self.object,
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [choice],
-            "usage": usage_dict(usage),
+            "choices": [
+                self.choice(i, text, reason) for i, (text, reason, _) in enumerate(results)
+            ],
+            "usage": usage_dict(total_usage([u for _, _, u in results])),
         }
+
+    def generates(self) -> list[p.Generate]:
+        """The core requests: the one Generate, or n with their own ids (and seeds, so the
+        choices differ yet stay reproducible)."""
+        if self.n == 1:
+            return [self.generate]
+        seed = self.generate.seed
+        return [
+            msgspec.structs.replace(
+                self.generate,
+                id=f"{self.id}-{i}",
+                seed=None if seed is None else (seed + i) % (1 << 32),
+            )
+            for i in range(self.n)
+        ]
+
+
+def total_usage(usages: list[p.Usage]) -> p.Usage:
+    """n choices share one prompt (counted once, as OpenAI does); their completions add up."""
+    completion = sum(u.completion_tokens for u in usages)
+    return p.Usage(prompt_tokens=usages[0].prompt_tokens, completion_tokens=completion)
 
 
 def usage_dict(u: p.Usage) -> dict[str, int]:
@@ -211,8 +250,8 @@ async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Eve
             watcher.cancel()
 
 
-async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
-    """Run a non-streamed request to its end and build the whole response body."""
+async def collect(job: Job, events: AsyncIterator[p.Event]) -> tuple[str, str, p.Usage]:
+    """Run a non-streamed core request to its end: (text, finish reason, usage)."""
     parts: list[str] = []
     async for ev in events:
         if isinstance(ev, p.TokenEvent):
@@ -221,7 +260,7 @@ async def collect(job: Job, events: AsyncIterator[p.Event]) -> dict[str, Any]:
             if err := end_error(job, ev):
                 raise err
             text = ev.text if isinstance(ev, p.CompletionEvent) else "".join(parts)
-            return job.whole(text, ev.reason, ev.usage)
+            return text, ev.reason, ev.usage
     raise ApiError(500, "the core ended the request without a final event", type="server_error")
 
 

@@ -119,7 +119,6 @@ def test_prompt_over_core_limit(sdk, model_id):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
         ({"suffix": "end"}, "suffix"),
         ({"logprobs": 2}, "logprobs"),

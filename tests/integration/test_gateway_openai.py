@@ -152,6 +152,61 @@ def test_logit_bias_forces_and_bans_tokens(sdk, model_id, vocab):
     assert not banned.choices[0].text.startswith(vocab.piece(first).decode())
 
 
+def test_n_choices_whole_and_streamed(sdk, model_id, vocab):
+    """n > 1: n core requests, one answer; a +100 bias makes every choice's text known."""
+    (banana,) = vocab.tokenize(" banana", add_special=False)
+    forced = {str(banana): 100}
+    piece = vocab.piece(banana).decode()
+    kw = dict(model=model_id, max_tokens=3, logit_bias=forced, temperature=0.9, seed=3)
+    r = sdk.completions.create(prompt=PROMPT, n=3, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.text == piece * 3 and c.finish_reason == "length" for c in r.choices)
+    one = sdk.completions.create(prompt=PROMPT, **kw)
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens  # the shared prompt counts once
+    assert r.usage.completion_tokens == 9 and r.usage.total_tokens == one.usage.prompt_tokens + 9
+    r = sdk.chat.completions.create(messages=CHAT, n=2, **kw)
+    assert [(c.index, c.message.content) for c in r.choices] == [(0, piece * 3), (1, piece * 3)]
+    # streamed: chunks carry their choice's index; each choice opens with the role and ends
+    # with its finish reason; one usage chunk, after every choice.
+    stream = sdk.chat.completions.create(
+        messages=CHAT, n=3, stream=True, stream_options={"include_usage": True}, **kw
+    )
+    chunks = list(stream)
+    texts, roles, ends = {}, {}, {}
+    for ch in chunks[:-1]:
+        assert len(ch.choices) == 1 and ch.usage is None
+        c = ch.choices[0]
+        texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+        if c.delta.role:
+            roles[c.index] = c.delta.role
+            assert c.index not in texts or texts[c.index] == (c.delta.content or "")
+        if c.finish_reason:
+            ends[c.index] = c.finish_reason
+    assert texts == {0: piece * 3, 1: piece * 3, 2: piece * 3}
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert ends == {0: "length", 1: "length", 2: "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 9
+    stream = sdk.completions.create(prompt=PROMPT, n=2, stream=True, echo=True, **kw)
+    texts = {}
+    for ch in stream:
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {0: PROMPT + piece * 3, 1: PROMPT + piece * 3}
+
+
+def test_n_choices_sampled_differ_and_errors_before_a_token(sdk, model_id):
+    r = sdk.completions.create(
+        model=model_id, prompt="Once upon a time", max_tokens=12, n=4, temperature=1.0, seed=9
+    )
+    assert len({c.text for c in r.choices}) > 1  # seeds seed+i: the choices are not copies
+    with pytest.raises(openai.BadRequestError) as err:  # every choice refused: one 400
+        sdk.completions.create(model=model_id, prompt="word " * 5000, max_tokens=4, n=2)
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model_id, prompt="hi", max_tokens=4, n=17, stream=True)
+    assert err.value.param == "n"
+
+
 def test_chat_stop_sequence_and_qos(gateway, model_id):
     client = gateway.client(default_headers={"X-UMA-QoS": "background"})
     r = client.chat.completions.create(
@@ -187,6 +242,29 @@ def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id
     cancelled = prom[("uma_request_success_total", (("finished_reason", "cancelled"),))]
     assert cancelled == before + 1
     assert prom[("uma_http_inflight_requests", ())] == 0
+
+
+def test_client_disconnect_mid_stream_frees_every_choice(gateway, umad, model_id):
+    before = core_metrics(umad.socket)["requests_total"]["cancelled"]
+    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{gateway.base_url}/completions", json=body | {"n": 3}) as r,
+    ):
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen == 4:
+                break
+    m = wait_idle(umad.socket)
+    assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
+    deadline = time.monotonic() + 10
+    while m["requests_total"]["cancelled"] < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        m = core_metrics(umad.socket)
+    assert m["requests_total"]["cancelled"] == before + 3
+    assert prom_samples(gateway)[("uma_http_inflight_requests", ())] == 0
 
 
 def prom_samples(gateway) -> dict[tuple[str, tuple], float]:
