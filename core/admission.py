@@ -1,7 +1,9 @@
 """The requests waiting for a sequence and the free sequence ids.
 
 Interactive requests are admitted first (FIFO among them); background ones only while more
-than ``reserved`` sequence ids are free, so an interactive arrival always finds one.
+than ``reserved`` sequence ids are free, so an interactive arrival always finds one. A request
+may be held back while a running sequence computes a prefix it shares (the prefix cache then
+copies that KV instead of computing it again).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from uma_serve.core.sequence import Sequence
+
+Hold = Callable[[Sequence], bool]
 
 
 class AdmissionQueue:
@@ -21,23 +25,26 @@ class AdmissionQueue:
     def __len__(self) -> int:
         return len(self.waiting)
 
-    def _next(self) -> Sequence | None:
+    def _next(self, hold: Hold | None) -> Sequence | None:
         if not self.free_ids:
             return None
         first_bg = None
         for seq in self.waiting:
+            if hold is not None and hold(seq):
+                continue
             if seq.request.qos == "interactive":
                 return seq
             first_bg = first_bg or seq
         return first_bg if len(self.free_ids) > self.reserved else None
 
-    def admittable(self) -> bool:
+    def admittable(self, hold: Hold | None = None) -> bool:
         """A waiting request could take a free sequence now."""
-        return self._next() is not None
+        return self._next(hold) is not None
 
-    def admit(self) -> Sequence | None:
-        """The next request to run, with its sequence id taken (None: nothing can run now)."""
-        seq = self._next()
+    def admit(self, hold: Hold | None = None) -> Sequence | None:
+        """The next request to run, with its sequence id taken (None: nothing can run now).
+        Requests ``hold`` names wait (a running sequence is computing the prefix they share)."""
+        seq = self._next(hold)
         if seq is not None:
             self.waiting.remove(seq)
             seq.seq_id = self.free_ids.pop()

@@ -3,8 +3,8 @@
     drain inbox -> plan = policy(snapshot) -> decode -> sample + detokenize -> hand off events
 
 The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``
-(an inbox under a Condition) and receives each tick's events through ``sink`` in one call.
-When there is no work the thread sleeps on the Condition: no polling, no fixed sleeps.
+(an inbox under a Condition) and gets each tick's events through ``sink`` in one call. With
+no work the thread sleeps on the Condition: no polling, no fixed sleeps.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ class Engine:
                 PrefixIndex(range(n_seq, n_seq + n_cache), prefix_cache_tokens),
                 self.metrics,
                 constraints.n_batch,
+                hold_ms=constraints.starve_ms,
             )
             if prefix_cache_tokens > 0 and n_cache > 0
             else None
@@ -182,18 +183,20 @@ class Engine:
 
     def _busy(self) -> bool:
         """Work without new input: running requests, or one that can take a free sequence
-        (e.g. after a tick that ended every running request at once). Idle time between is
-        not tick overhead."""
-        return bool(self._running) or self._queue.admittable()
+        (idle time between is not tick overhead)."""
+        return bool(self._running) or self._queue.admittable(self._hold())
+
+    def _hold(self) -> Callable[[Sequence], bool] | None:  # waiting for a leader's prefix
+        return self._prefix.holder(self._running.values()) if self._prefix else None
 
     def _admit(self) -> None:
         now = time.monotonic_ns()
-        while (seq := self._queue.admit()) is not None:
+        while (seq := self._queue.admit(self._hold())) is not None:
             seq.admitted_ns = seq.last_progress_ns = now
             seq.sampler = self._samplers.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
             if self._prefix is not None:
-                self._prefix.reuse(seq)
+                self._prefix.reuse(seq, self._running.values())
             if self._spec > 0:
                 seq.ngrams = NgramIndex(seq.prompt)
             self._running[seq.seq_id] = seq

@@ -9,37 +9,103 @@ room, and pin a prefix (saved to / restored from a file with llama_state_seq_*).
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Collection, Iterable
 
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy.prefix import Entry, PrefixIndex
+from uma_serve.core.policy.prefix import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
 from uma_serve.core.runtime import Runtime, Span
 from uma_serve.core.sequence import Sequence
 
 
 class PrefixStore:
     def __init__(
-        self, runtime: Runtime, index: PrefixIndex, metrics: EngineMetrics, n_batch: int
+        self,
+        runtime: Runtime,
+        index: PrefixIndex,
+        metrics: EngineMetrics,
+        n_batch: int,
+        hold_ms: float = 2000.0,
     ) -> None:
         self.runtime = runtime
         self._prefix = index
         self.metrics = metrics
         self.n_batch = n_batch
+        self.hold_ns = int(hold_ms * 1e6)
 
-    def reuse(self, seq: Sequence) -> None:
-        """Take the longest cached prefix of the prompt (all but its last token, which must be
-        decoded for logits) by tagging the cached cells with this sequence's id."""
+    def reuse(self, seq: Sequence, running: Iterable[Sequence] = ()) -> None:
+        """Take the longest prefix of the prompt whose KV exists (all but its last token,
+        which must be decoded for logits) by tagging those cells with this sequence's id:
+        from a cached entry, or from a running sequence that has computed it already."""
         m = self.metrics
         m.prefix_cache_queries_total += 1
         entry, n = self._prefix.lookup(seq.prompt)
         n = min(n, len(seq.prompt) - 1)
-        if entry is None or n <= 0:
+        source, shared = self._running_source(seq, running)
+        if source is not None and shared > n:
+            self.runtime.seq_copy(source.seq_id, seq.seq_id, shared)
+            entry, n = None, shared
+        elif entry is None or n <= 0:
             return
-        self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
-        self._prefix.touch(entry)
+        else:
+            self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
+            self._prefix.touch(entry)
         seq.n_past = seq.cached_tokens = n
         seq.cached_from = entry
         m.prefix_cache_hits_total += 1
         m.prefix_cache_cached_tokens_total += n
+
+    def _running_source(
+        self, seq: Sequence, running: Iterable[Sequence]
+    ) -> tuple[Sequence | None, int]:
+        """The running sequence whose computed KV covers the longest prefix of the prompt."""
+        best, best_n = None, 0
+        for other in running:
+            blocks = self.shared_blocks(seq, other)
+            if blocks == 0:
+                continue
+            n = common_prefix(other.prompt, seq.prompt, blocks * BLOCK)
+            n = min(n, other.n_past, len(seq.prompt) - 1)
+            if n > best_n and other.prompt[:n] == seq.prompt[:n]:  # no hash collision
+                best, best_n = other, n
+        return best, best_n
+
+    def holder(self, running: Collection[Sequence]) -> Callable[[Sequence], bool] | None:
+        """The admission queue's hold: which waiting requests wait for a leader now."""
+        if not running:
+            return None
+        now = time.monotonic_ns()
+        return lambda seq: self.waits_for_leader(seq, running, now)
+
+    def waits_for_leader(self, seq: Sequence, running: Iterable[Sequence], now_ns: int) -> bool:
+        """Hold ``seq`` back: a running sequence is still computing at least two blocks of
+        prompt that ``seq`` shares, so ``seq`` copies them later instead of computing them
+        too (n choices of one request, agents started with one system prompt). Only behind
+        a leader of the same or a higher class that has advanced within ``hold_ns`` (a parked
+        leader lets its followers go)."""
+        for other in running:
+            if other.pending_prefill == 0 or now_ns - other.last_progress_ns > self.hold_ns:
+                continue
+            if seq.request.qos == "interactive" and other.request.qos != "interactive":
+                continue
+            shared = self.shared_blocks(seq, other) * BLOCK
+            if shared >= 2 * BLOCK and other.n_past < min(shared, len(seq.prompt) - 1):
+                return True
+        return False
+
+    @staticmethod
+    def shared_blocks(a: Sequence, b: Sequence) -> int:
+        """Full prompt blocks two sequences have in common (chained hashes, so a run)."""
+        if a.prompt_hashes is None:
+            a.prompt_hashes = block_hashes(a.prompt)
+        if b.prompt_hashes is None:
+            b.prompt_hashes = block_hashes(b.prompt)
+        n = 0
+        for x, y in zip(a.prompt_hashes, b.prompt_hashes, strict=False):
+            if x != y:
+                break
+            n += 1
+        return n
 
     def store(self, seq: Sequence) -> None:
         """Keep a finished sequence's KV under a cache id (before its working id is cleared)."""

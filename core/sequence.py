@@ -37,6 +37,7 @@ class Sequence:
     spec_accept_ewma: float = 0.7  # per-token draft acceptance, smoothed (optimistic start)
     cached_from: int | None = None  # prefix cache entry its leading KV was copied from
     cached_tokens: int = 0  # how many leading positions came from the prefix cache
+    prompt_hashes: list[int] | None = None  # the prompt's block hash chain (prefix cache)
     text: TextStream = field(init=False)
     parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
 

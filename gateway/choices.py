@@ -1,5 +1,6 @@
 """n > 1: several choices for one OpenAI request, each its own core request (its own
-sequence, sharing the prompt's KV through the prefix cache), answered as one response.
+sequence; the core computes the shared prompt once and copies its KV), answered as one
+response.
 
 The n core streams are merged into one stream of (choice index, event); the rules of a single
 stream hold per choice (the first chunk leaves once a real token exists, an error before it is

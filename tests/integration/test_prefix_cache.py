@@ -156,3 +156,21 @@ def test_pinned_prefix_is_restored_after_a_restart(plain: Daemon, tmp_path: Path
         logs.append(d.log())
     assert "computed" in logs[0] and "loaded" in logs[1]
     assert outputs[0] == outputs[1] == complete(plain, sys_d + QUESTIONS[2])
+
+
+def test_concurrent_requests_share_a_prefix_still_being_computed(
+    cached: Daemon, plain: Daemon
+) -> None:
+    """Four requests arrive together with a system prompt nobody computed yet: one computes
+    it, the other three wait and copy its KV from the running sequence (n choices of one
+    request, agents started at once). Same greedy text as without the cache. (Last in the
+    module: the cells it leaves resident would change the near-tie bits the earlier
+    comparisons rest on.)"""
+    prompts = [system_prompt("Eve") + q for q in QUESTIONS[4:8]]
+    before = cached.metrics()
+    got = asyncio.run(_concurrent(cached, prompts))
+    after = cached.metrics()
+    assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] >= 3
+    reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
+    assert reused > 3 * 512
+    assert got == [complete(plain, q) for q in prompts]
