@@ -325,8 +325,8 @@ class Engine:
                 self._fail(seq, p.E_RUNTIME, f"llama_decode failed (rc={rc})", now)
 
     def _on_logits(self, seq: Sequence, row: int, now: int) -> None:
-        token = self._samplers.sample(seq.seq_id, seq.sampler, row)
         req = seq.request
+        token, lp = self._samplers.sample_logprobs(seq.seq_id, seq.sampler, row, req.logprobs)
         if self.runtime.is_eog(token) and not req.ignore_eos:
             self._finish(seq, "stop", now, token=token)
             return
@@ -340,20 +340,22 @@ class Engine:
         seq.last_token_ns = now
         text = seq.text.push(self.runtime.piece(token))
         if seq.text.stopped:
-            self._emit_text(seq, text, token)
+            self._emit_text(seq, text, token, lp)
             self._finish(seq, "stop", now)
         elif seq.generated >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
-            self._emit_text(seq, text + seq.text.flush(), token)
+            self._emit_text(seq, text + seq.text.flush(), token, lp)
             self._finish(seq, "length", now)
         else:
-            self._emit_text(seq, text, token)
+            self._emit_text(seq, text, token, lp)
             seq.next_token = token
             seq.out.append(token)
             if seq.ngrams is not None:
                 seq.ngrams.append(token)
 
-    def _emit_text(self, seq: Sequence, text: str, token: int) -> None:
-        event = seq.token_event(text, token)
+    def _emit_text(
+        self, seq: Sequence, text: str, token: int, lp: p.Logprobs | None = None
+    ) -> None:
+        event = seq.token_event(text, token, lp)
         if event is not None:
             self._out.append((seq.conn_id, event))
 

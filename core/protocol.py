@@ -67,6 +67,8 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     frequency_penalty: Penalty = 0.0
     repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 1.0
     logit_bias: LogitBias | None = None
+    # log-probabilities of each generated token and of the top ``logprobs`` alternatives
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     stream: bool = True
     ignore_eos: bool = False
     qos: QoS = "interactive"
@@ -124,10 +126,25 @@ class Timings(msgspec.Struct):
     decode_tokens_per_s: float | None
 
 
-class TokenEvent(msgspec.Struct, tag_field="event", tag="token"):
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """A token, its log-probability under the model (log-softmax of the raw logits) and its
+    bytes (a token may hold part of a UTF-8 character)."""
+
+    token_id: int
+    logprob: float
+    piece: bytes
+
+
+class Logprobs(msgspec.Struct, array_like=True):
+    token: TokenLogprob  # the generated token
+    top: list[TokenLogprob]  # the most likely tokens at that step, most likely first
+
+
+class TokenEvent(msgspec.Struct, tag_field="event", tag="token", omit_defaults=True):
     id: str
     text: str
     token_id: int
+    logprobs: Logprobs | None = None
 
 
 class EosEvent(msgspec.Struct, tag_field="event", tag="eos"):
@@ -147,6 +164,7 @@ class CompletionEvent(msgspec.Struct, tag_field="event", tag="completion"):
     usage: Usage
     timings: Timings
     detail: str | None = None
+    logprobs: list[Logprobs] | None = None  # one per generated token, when asked
 
 
 class ErrorEvent(msgspec.Struct, tag_field="event", tag="error"):

@@ -10,10 +10,12 @@ the context so the device draws the token.
 
 from __future__ import annotations
 
+import numpy as np
+
 from uma_serve.core import protocol as p
 from uma_serve.core.config import SAMPLERS
 from uma_serve.core.runtime import Runtime, Sampler, SamplingParams
-from uma_serve.core.sampling import TokenSampler
+from uma_serve.core.sampling import TokenSampler, logprobs_of
 
 
 def sampling_params(req: p.Generate) -> SamplingParams:
@@ -43,12 +45,14 @@ class Samplers:
         params = sampling_params(req)
         if self.mode in ("numpy", "backend-topk"):
             sampler = TokenSampler(params, default_seed)
-            if self.device_k and sampler.needs_full_row(self.device_k):
+            full = sampler.needs_full_row(self.device_k) or req.logprobs is not None
+            if self.device_k and full:
                 self.runtime.set_device_top_k(seq_id, False)
                 self.full_row.add(seq_id)
             return sampler
-        backend_seq = seq_id if self.mode == "backend" else None
-        return self.runtime.new_sampler(params, default_seed, backend_seq)
+        # logprobs need the row on the host: such a request's chain runs there
+        on_device = self.mode == "backend" and req.logprobs is None
+        return self.runtime.new_sampler(params, default_seed, seq_id if on_device else None)
 
     def release(self, seq_id: int, sampler: TokenSampler | Sampler | None) -> None:
         if sampler is not None:
@@ -56,6 +60,17 @@ class Samplers:
         if seq_id in self.full_row:  # give the sequence its device top-k back
             self.full_row.discard(seq_id)
             self.runtime.set_device_top_k(seq_id, True)
+
+    def sample_logprobs(
+        self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int, k: int | None
+    ) -> tuple[int, p.Logprobs | None]:
+        """The token, and with ``k`` set the model's log-probabilities at this step (from the
+        row as the model wrote it: the chain may bias or penalise it in place)."""
+        if k is None:
+            return self.sample(seq_id, sampler, row), None
+        raw = np.array(self.runtime.logits_row(row), dtype=np.float32)
+        token = self.sample(seq_id, sampler, row)
+        return token, logprobs_of(raw, token, k, self.runtime.piece)
 
     def sample(self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int) -> int:
         """The session's next token from batch row ``row`` of the last decode."""

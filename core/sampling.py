@@ -13,10 +13,13 @@ numpy's PCG64, so the exact draws differ from llama.cpp's mt19937).
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
+from uma_serve.core import protocol as p
 from uma_serve.core.runtime import SamplingParams
 
 BLOCK = 512  # vocabulary block for the two-level draw over the whole row
@@ -174,3 +177,16 @@ def nucleus_ids(logits: np.ndarray, top_p: float, peak: float) -> tuple[np.ndarr
         if float(w[ids].sum(dtype=np.float64)) / norm >= top_p:
             return ids, log_norm
     return np.arange(logits.shape[0]), log_norm
+
+
+def logprobs_of(raw: np.ndarray, token: int, k: int, piece: Callable[[int], bytes]) -> p.Logprobs:
+    """The model's log-probabilities (log-softmax of the raw logits, before any sampling step)
+    of ``token`` and of the ``k`` most likely tokens, most likely first."""
+    peak = float(raw.max())
+    lse = peak + math.log(float(np.exp(raw - np.float32(peak)).sum(dtype=np.float64)))
+    top: list[p.TokenLogprob] = []
+    if k > 0:
+        ids = top_k_ids(raw, k, peak)
+        ids = ids[np.argsort(-raw[ids], kind="stable")]
+        top = [p.TokenLogprob(int(i), float(raw[i]) - lse, piece(int(i))) for i in ids]
+    return p.Logprobs(p.TokenLogprob(token, float(raw[token]) - lse, piece(token)), top)

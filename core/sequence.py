@@ -40,6 +40,7 @@ class Sequence:
     prompt_hashes: list[int] | None = None  # the prompt's block hash chain (prefix cache)
     text: TextStream = field(init=False)
     parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
+    logprobs: list[p.Logprobs] = field(default_factory=list)  # for stream: false
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.request.stops)
@@ -81,11 +82,15 @@ class Sequence:
             return self.prompt[:n]
         return self.prompt + self.out[: n - len(self.prompt)]
 
-    def token_event(self, text: str, token_id: int) -> p.TokenEvent | None:
+    def token_event(
+        self, text: str, token_id: int, logprobs: p.Logprobs | None = None
+    ) -> p.TokenEvent | None:
         """The event for newly released text (None when not streaming: kept for the end)."""
         if self.request.stream:
-            return p.TokenEvent(id=self.request.id, text=text, token_id=token_id)
+            return p.TokenEvent(id=self.request.id, text=text, token_id=token_id, logprobs=logprobs)
         self.parts.append(text)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
         return None
 
     def final_event(self, reason: str, now_ns: int, detail: str | None = None) -> p.Event:
@@ -106,5 +111,8 @@ class Sequence:
         rid = self.request.id
         if self.request.stream:
             return p.EosEvent(rid, reason, usage, timings, detail)  # type: ignore[arg-type]
-        text = "".join(self.parts)
-        return p.CompletionEvent(rid, text, reason, usage, timings, detail)  # type: ignore[arg-type]
+        text, lps = (
+            "".join(self.parts),
+            self.logprobs if self.request.logprobs is not None else None,
+        )
+        return p.CompletionEvent(rid, text, reason, usage, timings, detail, lps)  # type: ignore[arg-type]

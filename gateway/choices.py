@@ -23,6 +23,7 @@ from uma_serve.gateway.errors import ApiError, from_core_error
 from uma_serve.gateway.streaming import (
     GuardedEventSource,
     Job,
+    Result,
     collect,
     end_error,
     total_usage,
@@ -75,7 +76,7 @@ async def run_whole(pool: CorePool, job: Job) -> dict:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _one(pool: CorePool, job: Job, gen: p.Generate) -> tuple[str, str, p.Usage]:
+async def _one(pool: CorePool, job: Job, gen: p.Generate) -> Result:
     async with aclosing(pool.stream(gen)) as events:
         return await collect(job, events)
 
@@ -109,7 +110,7 @@ def sse_response(
                     head = b"" if started[i] else job.role_event_at(i)
                     text = ev.text if started[i] else job.echo + ev.text
                     started[i] = True
-                    yield head + job.content_event(text, i)
+                    yield head + job.content_event(text, i, ev.logprobs)
                 elif isinstance(ev, p.EosEvent | p.CompletionEvent):
                     if err := end_error(job, ev):
                         yield json.dumps(err.body())

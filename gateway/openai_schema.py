@@ -2,8 +2,8 @@
 
 Unknown fields are refused (as OpenAI does with "Unrecognized request argument") so that no
 option is silently ignored. Fields OpenAI defines but the core cannot honour (``best_of``,
-``suffix``, tools, logprobs) are accepted only at their neutral values and otherwise refused
-with a 400 that names the parameter.
+``suffix``, tools, prompt logprobs) are accepted only at their neutral values and otherwise
+refused with a 400 that names the parameter.
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ignore_eos: bool | None = None
 
     @property
+    def core_logprobs(self) -> int | None:
+        """Generate.logprobs: alternatives per token, or None for no log-probabilities."""
+        return None
+
+    @property
     def token_bias(self) -> dict[int, float] | None:
         return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
 
@@ -74,7 +79,7 @@ class CompletionRequest(_Sampling, kw_only=True):
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None  # legacy: up to 5
 
     def check(self) -> None:
         self.check_common()
@@ -87,8 +92,13 @@ class CompletionRequest(_Sampling, kw_only=True):
             raise bad_request("only best_of=1 is supported", "best_of", "unsupported_value")
         if self.suffix:
             raise bad_request("suffix (insertion) is not supported", "suffix", "unsupported_value")
-        if self.logprobs:
-            raise bad_request("logprobs are not supported", "logprobs", "unsupported_value")
+        if self.logprobs is not None and self.echo:
+            msg = "logprobs with echo (log-probabilities of the prompt) are not supported"
+            raise bad_request(msg, "logprobs", "unsupported_value")
+
+    @property
+    def core_logprobs(self) -> int | None:
+        return self.logprobs
 
     @property
     def prompt_text(self) -> str:
@@ -131,7 +141,7 @@ class ChatRequest(_Sampling, kw_only=True):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any | None = None
@@ -141,8 +151,8 @@ class ChatRequest(_Sampling, kw_only=True):
         self.check_common()
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
-        if self.logprobs or self.top_logprobs:
-            raise bad_request("logprobs are not supported", "logprobs", "unsupported_value")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         if self.tools:
             raise bad_request("tools are not supported", "tools", "unsupported_parameter")
         if self.tool_choice not in (None, "none"):
@@ -152,6 +162,10 @@ class ChatRequest(_Sampling, kw_only=True):
             raise bad_request(
                 f"response_format {fmt!r} is not supported", "response_format", "unsupported_value"
             )
+
+    @property
+    def core_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -157,6 +157,8 @@ def sampling(req: schema._Sampling) -> dict[str, Any]:
         out["ignore_eos"] = True
     if req.logit_bias:
         out["logit_bias"] = req.token_bias
+    if req.core_logprobs is not None:
+        out["logprobs"] = req.core_logprobs
     return out
 
 

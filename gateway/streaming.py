@@ -26,6 +26,7 @@ from starlette.requests import Request
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.errors import ApiError, from_core_error
+from uma_serve.gateway.logprobs import chat_logprobs, text_logprobs
 
 T = TypeVar("T")
 WATCH_AFTER_S = 0.001  # when the disconnect watcher of a request waiting for its first token starts
@@ -58,6 +59,7 @@ class Job:
     n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
     created: int = field(default_factory=lambda: int(time.time()))
     _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
+    _offsets: dict[int, int] = field(default_factory=dict, repr=False)  # text_offset per choice
 
     @property
     def object(self) -> str:
@@ -103,49 +105,66 @@ class Job:
             self._frame(index)
         _ = self.role_event
 
-    def content_event(self, text: str, index: int = 0) -> bytes:
-        """One token's whole SSE event: the hot path, so only the text is encoded per token."""
+    def content_event(self, text: str, index: int = 0, lp: p.Logprobs | None = None) -> bytes:
+        """One token's whole SSE event: the hot path, so only the text is encoded per token
+        (with log-probabilities asked for, the chunk is built whole)."""
+        if lp is not None:
+            block = self.logprobs_block([lp], index)
+            return f"data: {self.chunk([self.delta(text, index=index, lp=block)])}\n\n".encode()
         head, tail = self._frame(index)
         return head + msgspec.json.encode(text) + tail
 
+    def logprobs_block(self, lps: list[p.Logprobs], index: int = 0) -> dict[str, Any]:
+        """OpenAI's ``logprobs`` object for these tokens of choice ``index``."""
+        if self.kind == "chat":
+            return chat_logprobs(lps)
+        block, self._offsets[index] = text_logprobs(lps, self._offsets.get(index, 0))
+        return block
+
     def delta(
-        self, text: str | None, finish: str | None = None, role: bool = False, index: int = 0
+        self,
+        text: str | None,
+        finish: str | None = None,
+        role: bool = False,
+        index: int = 0,
+        lp: dict | None = None,
     ) -> dict:
         if self.kind == "text":
-            return {"text": text or "", "index": index, "logprobs": None, "finish_reason": finish}
+            return {"text": text or "", "index": index, "logprobs": lp, "finish_reason": finish}
         d: dict[str, Any] = {}
         if role:
             d["role"] = "assistant"
         if text is not None:
             d["content"] = text
-        return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": d, "logprobs": lp, "finish_reason": finish}
 
-    def choice(self, index: int, text: str, reason: str) -> dict[str, Any]:
+    def choice(
+        self, index: int, text: str, reason: str, lps: list[p.Logprobs] | None = None
+    ) -> dict[str, Any]:
         text = self.echo + text
+        block = self.logprobs_block(lps, index) if lps is not None else None
         if self.kind == "text":
-            return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
+            return {"text": text, "index": index, "logprobs": block, "finish_reason": reason}
         return {
             "index": index,
             "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
+            "logprobs": block,
             "finish_reason": reason,
         }
 
-    def whole(self, text: str, reason: str, usage: p.Usage) -> dict[str, Any]:
-        return self.whole_n([(text, reason, usage)])
+    def whole(self, *result: Any) -> dict[str, Any]:
+        return self.whole_n([result])  # type: ignore[list-item]
 
-    def whole_n(self, results: list[tuple[str, str, p.Usage]]) -> dict[str, Any]:
-        """The whole answer from each choice's (text, finish reason, usage)."""
+    def whole_n(self, results: list[Result]) -> dict[str, Any]:
+        """The whole answer from each choice's (text, finish reason, usage, logprobs)."""
         return {
             "id": self.id,
             "object": self.object,
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
-            "choices": [
-                self.choice(i, text, reason) for i, (text, reason, _) in enumerate(results)
-            ],
-            "usage": usage_dict(total_usage([u for _, _, u in results])),
+            "choices": [self.choice(i, r[0], r[1], r[3]) for i, r in enumerate(results)],
+            "usage": usage_dict(total_usage([r[2] for r in results])),
         }
 
     def generates(self) -> list[p.Generate]:
@@ -162,6 +181,10 @@ class Job:
             )
             for i in range(self.n)
         ]
+
+
+# a core request's end: text, finish reason, usage, log-probabilities (None unless asked)
+Result = tuple[str, str, p.Usage, list[p.Logprobs] | None]
 
 
 def total_usage(usages: list[p.Usage]) -> p.Usage:
@@ -250,17 +273,22 @@ async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Eve
             watcher.cancel()
 
 
-async def collect(job: Job, events: AsyncIterator[p.Event]) -> tuple[str, str, p.Usage]:
-    """Run a non-streamed core request to its end: (text, finish reason, usage)."""
+async def collect(job: Job, events: AsyncIterator[p.Event]) -> Result:
+    """Run a non-streamed core request to its end."""
     parts: list[str] = []
+    lps: list[p.Logprobs] = []
     async for ev in events:
         if isinstance(ev, p.TokenEvent):
             parts.append(ev.text)
+            if ev.logprobs is not None:
+                lps.append(ev.logprobs)
         elif isinstance(ev, p.CompletionEvent | p.EosEvent):
             if err := end_error(job, ev):
                 raise err
-            text = ev.text if isinstance(ev, p.CompletionEvent) else "".join(parts)
-            return text, ev.reason, ev.usage
+            if isinstance(ev, p.CompletionEvent):
+                return ev.text, ev.reason, ev.usage, ev.logprobs
+            asked = job.generate.logprobs is not None
+            return "".join(parts), ev.reason, ev.usage, lps if asked else None
     raise ApiError(500, "the core ended the request without a final event", type="server_error")
 
 
@@ -342,10 +370,10 @@ def sse_response(
                     text = ev.text
                     if not sent_any:  # the role delta and the first text, in one write
                         sent_any = True
-                        yield job.role_event + job.content_event(job.echo + text)
+                        yield job.role_event + job.content_event(job.echo + text, 0, ev.logprobs)
                         ev = await anext(events, None)
                         continue
-                    yield job.content_event(text)
+                    yield job.content_event(text, 0, ev.logprobs)
                 elif isinstance(ev, p.EosEvent | p.CompletionEvent):
                     if err := end_error(job, ev):
                         yield json.dumps(err.body())

@@ -121,13 +121,26 @@ def test_prompt_over_core_limit(sdk, model_id):
     [
         ({"best_of": 3}, "best_of"),
         ({"suffix": "end"}, "suffix"),
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"logprobs": 1, "echo": True}, "logprobs"),
     ],
 )
 def test_unsupported_options_are_refused_not_ignored(sdk, model_id, extra, param):
     with pytest.raises(openai.BadRequestError) as err:
         sdk.completions.create(model=model_id, prompt="hi", max_tokens=4, **extra)
     assert err.value.param == param
+
+
+def test_chat_top_logprobs_needs_logprobs(sdk, model_id):
+    for extra, param in (
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": "hi"}], max_tokens=2, **extra
+            )
+        assert err.value.param == param
 
 
 @pytest.mark.parametrize(

@@ -152,6 +152,41 @@ def test_logit_bias_forces_and_bans_tokens(sdk, model_id, vocab):
     assert not banned.choices[0].text.startswith(vocab.piece(first).decode())
 
 
+def test_logprobs_completions_and_chat(sdk, model_id):
+    kw = dict(model=model_id, max_tokens=4, temperature=0)
+    r = sdk.completions.create(prompt=PROMPT, logprobs=2, **kw)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert len(lp.token_logprobs) == r.usage.completion_tokens
+    for top, value in zip(lp.top_logprobs, lp.token_logprobs, strict=True):
+        assert len(top) == 2 and max(top.values()) == pytest.approx(value) and value <= 0
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+    stream = sdk.completions.create(prompt=PROMPT, logprobs=2, stream=True, **kw)
+    streamed = [
+        t
+        for ch in stream
+        if ch.choices and ch.choices[0].logprobs
+        for t in ch.choices[0].logprobs.tokens
+    ]
+    assert streamed == lp.tokens
+    r = sdk.chat.completions.create(messages=CHAT, logprobs=True, top_logprobs=3, **kw)
+    content = r.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    for e in content:
+        assert bytes(e.bytes).decode() == e.token and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].token == e.token and e.logprob <= 0
+    stream = sdk.chat.completions.create(messages=CHAT, logprobs=True, stream=True, **kw)
+    entries = [
+        e
+        for ch in stream
+        if ch.choices and ch.choices[0].logprobs
+        for e in ch.choices[0].logprobs.content
+    ]
+    assert [e.token for e in entries] == [e.token for e in content]
+    assert all(e.top_logprobs == [] for e in entries)  # top_logprobs unset: none
+    assert sdk.chat.completions.create(messages=CHAT, **kw).choices[0].logprobs is None
+
+
 def test_n_choices_whole_and_streamed(sdk, model_id, vocab):
     """n > 1: n core requests, one answer; a +100 bias makes every choice's text known."""
     (banana,) = vocab.tokenize(" banana", add_special=False)

@@ -78,6 +78,9 @@ def test_event_roundtrip() -> None:
     timings = p.Timings(1.0, 2.0, 3.0, 0.5, 10.0)
     for event in (
         p.TokenEvent("a", "hé", 7),
+        p.TokenEvent(
+            "a", "x", 9, p.Logprobs(p.TokenLogprob(9, -0.5, b"x"), [p.TokenLogprob(9, -0.5, b"x")])
+        ),
         p.EosEvent("a", "length", usage, timings),
         p.CompletionEvent("a", "text", "stop", usage, timings),
         p.ErrorEvent(None, p.E_PROTO, "bad"),
