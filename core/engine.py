@@ -27,7 +27,6 @@ from uma_serve.core.policy import (
     Plan,
     SchedulerState,
 )
-from uma_serve.core.policy.prefix import PrefixIndex
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.prefix_store import PrefixStore
@@ -83,18 +82,7 @@ class Engine:
         self._rng = random.Random(seed)
         self._inbox = Inbox(runtime.abort, runtime.clear_abort)
         self._queue = AdmissionQueue(range(runtime.params.n_seq), reserved_interactive)
-        n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache
-        self._prefix = (
-            PrefixStore(
-                runtime,
-                PrefixIndex(range(n_seq, n_seq + n_cache), prefix_cache_tokens),
-                self.metrics,
-                constraints.n_batch,
-                hold_ms=constraints.starve_ms,
-            )
-            if prefix_cache_tokens > 0 and n_cache > 0
-            else None
-        )
+        self._prefix = PrefixStore.build(runtime, self.metrics, constraints, prefix_cache_tokens)
         self._spec = constraints.spec_max_draft
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._learner = TickLearner(constraints, tuner)

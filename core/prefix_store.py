@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 
 from uma_serve.core.metrics import EngineMetrics
+from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.prefix import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
 from uma_serve.core.runtime import Runtime, Span
 from uma_serve.core.sequence import Sequence
@@ -33,23 +34,34 @@ class PrefixStore:
         self.n_batch = n_batch
         self.hold_ns = int(hold_ms * 1e6)
 
+    @classmethod
+    def build(
+        cls, runtime: Runtime, metrics: EngineMetrics, constraints: Constraints, budget: int
+    ) -> PrefixStore | None:
+        """The engine's prefix cache: None when off (no token budget or no cache ids)."""
+        n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache
+        if budget <= 0 or n_cache <= 0:
+            return None
+        index = PrefixIndex(range(n_seq, n_seq + n_cache), budget)
+        return cls(runtime, index, metrics, constraints.n_batch, hold_ms=constraints.starve_ms)
+
     def reuse(self, seq: Sequence, running: Iterable[Sequence] = ()) -> None:
         """Take the longest prefix of the prompt whose KV exists (all but its last token,
         which must be decoded for logits) by tagging those cells with this sequence's id:
         from a cached entry, or from a running sequence that has computed it already."""
         m = self.metrics
         m.prefix_cache_queries_total += 1
-        entry, n = self._prefix.lookup(seq.prompt)
+        entry, n = self._prefix.lookup(seq.prompt, self.hashes(seq))
         n = min(n, len(seq.prompt) - 1)
         source, shared = self._running_source(seq, running)
         if source is not None and shared > n:
             self.runtime.seq_copy(source.seq_id, seq.seq_id, shared)
             entry, n = None, shared
-        elif entry is None or n <= 0:
-            return
-        else:
+        elif entry is not None and n > 0:
             self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
             self._prefix.touch(entry)
+        else:
+            return
         seq.n_past = seq.cached_tokens = n
         seq.cached_from = entry
         m.prefix_cache_hits_total += 1
@@ -94,14 +106,17 @@ class PrefixStore:
         return False
 
     @staticmethod
-    def shared_blocks(a: Sequence, b: Sequence) -> int:
+    def hashes(seq: Sequence) -> list[int]:
+        """The prompt's block hash chain, computed once per sequence."""
+        if seq.prompt_hashes is None:
+            seq.prompt_hashes = block_hashes(seq.prompt)
+        return seq.prompt_hashes
+
+    @classmethod
+    def shared_blocks(cls, a: Sequence, b: Sequence) -> int:
         """Full prompt blocks two sequences have in common (chained hashes, so a run)."""
-        if a.prompt_hashes is None:
-            a.prompt_hashes = block_hashes(a.prompt)
-        if b.prompt_hashes is None:
-            b.prompt_hashes = block_hashes(b.prompt)
         n = 0
-        for x, y in zip(a.prompt_hashes, b.prompt_hashes, strict=False):
+        for x, y in zip(cls.hashes(a), cls.hashes(b), strict=False):
             if x != y:
                 break
             n += 1

@@ -111,8 +111,6 @@ class Sequence:
         rid = self.request.id
         if self.request.stream:
             return p.EosEvent(rid, reason, usage, timings, detail)  # type: ignore[arg-type]
-        text, lps = (
-            "".join(self.parts),
-            self.logprobs if self.request.logprobs is not None else None,
-        )
+        lps = self.logprobs if self.request.logprobs is not None else None
+        text = "".join(self.parts)
         return p.CompletionEvent(rid, text, reason, usage, timings, detail, lps)  # type: ignore[arg-type]

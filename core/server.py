@@ -192,12 +192,9 @@ class CoreServer:
             return p.E_BUSY, f"{c.max_sessions} requests in flight (max_sessions): retry later"
         if req.max_tokens > c.max_tokens:
             return p.E_LIMIT_TOKENS, f"max_tokens {req.max_tokens} is over the limit {c.max_tokens}"
-        if req.logit_bias and max(req.logit_bias) >= self.runtime.n_vocab:
-            return (
-                p.E_PROTO,
-                f"logit_bias token id {max(req.logit_bias)} is not in the vocabulary "
-                f"(0..{self.runtime.n_vocab - 1})",
-            )
+        if req.logit_bias and (top := max(req.logit_bias)) >= self.runtime.n_vocab:
+            vocab = f"(0..{self.runtime.n_vocab - 1})"
+            return p.E_PROTO, f"logit_bias token id {top} is not in the vocabulary {vocab}"
         if req.messages is not None:
             size = sum(len(m.content.encode()) for m in req.messages)
         else:

@@ -2,35 +2,22 @@
 sequence; the core computes the shared prompt once and copies its KV), answered as one
 response.
 
-The n core streams are merged into one stream of (choice index, event); the rules of a single
-stream hold per choice (the first chunk leaves once a real token exists, an error before it is
-an HTTP status, the finish reason rides on each choice's last chunk), then one usage chunk and
-``data: [DONE]`` once every choice has finished. Closing the merged stream (client gone, error)
-cancels every core request still running.
+The n core streams are merged into one stream of (choice index, event), which
+streaming.sse_response answers as it does a single one; closing the merged stream (client
+gone, error) cancels every core request still running.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
+from uma_serve.gateway.answer import Job, Result
 from uma_serve.gateway.core_pool import CorePool
-from uma_serve.gateway.errors import ApiError, from_core_error
-from uma_serve.gateway.streaming import (
-    GuardedEventSource,
-    Job,
-    Result,
-    collect,
-    end_error,
-    total_usage,
-    usage_dict,
-)
+from uma_serve.gateway.streaming import Choice, collect
 
-Choice = tuple[int, p.Event]
 _DONE = object()
 
 
@@ -66,10 +53,11 @@ async def merged(streams: list[AsyncIterator[p.Event]]) -> AsyncIterator[Choice]
 
 
 async def run_whole(pool: CorePool, job: Job) -> dict:
-    """Every choice to its end, concurrently; the first failure cancels the others."""
+    """A non-streamed answer (any n): every choice to its end, concurrently; the first
+    failure cancels the others."""
     tasks = [asyncio.ensure_future(_one(pool, job, gen)) for gen in job.generates()]
     try:
-        return job.whole_n(list(await asyncio.gather(*tasks)))
+        return job.whole(list(await asyncio.gather(*tasks)))
     finally:
         for task in tasks:
             task.cancel()
@@ -79,57 +67,3 @@ async def run_whole(pool: CorePool, job: Job) -> dict:
 async def _one(pool: CorePool, job: Job, gen: p.Generate) -> Result:
     async with aclosing(pool.stream(gen)) as events:
         return await collect(job, events)
-
-
-def sse_response(
-    job: Job,
-    first: Choice,
-    events: AsyncIterator[Choice],
-    on_close: Callable[[], None],
-    on_first_sent: Callable[[], None] | None = None,
-) -> GuardedEventSource:
-    """The merged stream as SSE, starting from an already received first event."""
-    closed = False
-
-    async def cleanup() -> None:
-        nonlocal closed
-        if not closed:
-            closed = True
-            try:
-                await events.aclose()  # type: ignore[attr-defined]
-            finally:
-                on_close()
-
-    async def body() -> AsyncIterator[bytes | str]:
-        started, usages = [False] * job.n, []
-        item: Choice | None = first
-        try:
-            while item is not None:
-                i, ev = item
-                if isinstance(ev, p.TokenEvent):
-                    head = b"" if started[i] else job.role_event_at(i)
-                    text = ev.text if started[i] else job.echo + ev.text
-                    started[i] = True
-                    yield head + job.content_event(text, i, ev.logprobs)
-                elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                    if err := end_error(job, ev):
-                        yield json.dumps(err.body())
-                        return
-                    if not started[i] and job.kind == "chat":
-                        yield job.chunk([job.delta("", role=True, index=i)])
-                    tail = job.echo if not started[i] and job.kind == "text" else None
-                    yield job.chunk([job.delta(tail, ev.reason, index=i)])
-                    usages.append(ev.usage)
-                    if len(usages) == job.n:
-                        if job.include_usage:
-                            yield job.chunk([], usage_dict(total_usage(usages)))
-                        yield "[DONE]"
-                        return
-                item = await anext(events, None)
-            yield json.dumps(ApiError(500, "the core ended the stream early").body())
-        except CoreError as exc:
-            yield json.dumps(from_core_error(exc, job.prompt_param).body())
-        finally:
-            await cleanup()
-
-    return GuardedEventSource(body(), job.id, cleanup=cleanup, on_first_sent=on_first_sent)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from contextlib import aclosing
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,15 +20,14 @@ from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway import choices
 from uma_serve.gateway import openai_schema as schema
+from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.streaming import (
     ClientGone,
-    Job,
-    collect,
-    end_error,
     first_event,
     race_disconnect,
     sse_response,
+    tagged,
 )
 
 QOS_HEADER = "x-uma-qos"
@@ -217,12 +215,8 @@ async def _generate(request: Request, kind: type) -> Response:
 
 
 async def _run_whole(request: Request, job: Job) -> dict[str, Any]:
-    pool = request.app.state.pool
     try:
-        if job.n > 1:
-            return await choices.run_whole(pool, job)
-        async with aclosing(pool.stream(job.generate)) as events:
-            return job.whole(*await collect(job, events))
+        return await choices.run_whole(request.app.state.pool, job)
     except CoreError as exc:
         raise _core_api_error(exc, job) from None
 
@@ -234,10 +228,12 @@ def _core_api_error(exc: CoreError, job: Job) -> ApiError:
 async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     pool = request.app.state.pool
-    if job.n > 1:
-        events: Any = choices.merged([pool.stream(gen) for gen in job.generates()])
-    else:
-        events = pool.stream(job.generate)
+    gens = job.generates()
+    events = (
+        choices.merged([pool.stream(g) for g in gens])
+        if job.n > 1
+        else tagged(pool.stream(gens[0]))
+    )
     sent = time.perf_counter()
     asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:
@@ -248,7 +244,7 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     except BaseException:
         await events.aclose()
         raise
-    ev = first[1] if job.n > 1 else first
+    ev = first[1]
     if isinstance(ev, p.EosEvent | p.CompletionEvent) and ev.reason not in ("stop", "length"):
         await events.aclose()
         raise end_error(job, ev)  # type: ignore[misc]
@@ -258,8 +254,6 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
         gateway_s = (sent - arrived) + (time.perf_counter() - got)
         request.app.state.metrics.added_latency.observe(gateway_s)
 
-    if job.n > 1:
-        return choices.sse_response(job, first, events, on_close, on_first_sent=observe)
     return sse_response(job, first, events, on_close, on_first_sent=observe)
 
 

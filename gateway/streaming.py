@@ -1,4 +1,5 @@
-"""Turning core events into OpenAI answers: SSE chunks, whole responses, disconnect races.
+"""Core event streams to OpenAI responses (answer.py builds the chunks and bodies): the SSE
+response, the whole one, disconnect races.
 
 The rules that matter: a stream's first chunk leaves only once a real token exists (honest
 TTFT, and an early error is still a real HTTP status); one chunk per token event; the finish
@@ -12,21 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-import msgspec
 from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
+from uma_serve.gateway.answer import Job, Result, end_error, total_usage, usage_dict
 from uma_serve.gateway.errors import ApiError, from_core_error
-from uma_serve.gateway.logprobs import chat_logprobs, text_logprobs
 
 T = TypeVar("T")
 WATCH_AFTER_S = 0.001  # when the disconnect watcher of a request waiting for its first token starts
@@ -43,172 +40,6 @@ SSE_HEADERS = [
 
 class ClientGone(Exception):
     """The HTTP client disconnected before its answer was ready."""
-
-
-@dataclass
-class Job:
-    """One OpenAI request on its way through the core."""
-
-    kind: Literal["text", "chat"]
-    id: str
-    model: str
-    generate: p.Generate
-    include_usage: bool = False
-    echo: str = ""
-    prompt_param: str = "prompt"
-    n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
-    created: int = field(default_factory=lambda: int(time.time()))
-    _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
-    _offsets: dict[int, int] = field(default_factory=dict, repr=False)  # text_offset per choice
-
-    @property
-    def object(self) -> str:
-        return "text_completion" if self.kind == "text" else "chat.completion"
-
-    def chunk(self, choices: list[dict[str, Any]], usage: dict | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": "text_completion" if self.kind == "text" else "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
-        }
-        if self.include_usage:
-            body["usage"] = usage
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-
-    def _frame(self, index: int) -> tuple[bytes, bytes]:
-        """A content chunk's SSE bytes before and after its text, built once per choice."""
-        frame = self._frames.get(index)
-        if frame is None:
-            marker = "\x00"
-            whole = self.chunk([self.delta(marker, index=index)])
-            head, tail = whole.split(json.dumps(marker), 1)
-            frame = self._frames[index] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
-        return frame
-
-    @cached_property
-    def role_event(self) -> bytes:
-        """A chat stream's opening SSE event (the assistant role, no content yet)."""
-        return self.role_event_at(0)
-
-    def role_event_at(self, index: int) -> bytes:
-        if self.kind != "chat":
-            return b""
-        return f"data: {self.chunk([self.delta('', role=True, index=index)])}\n\n".encode()
-
-    def prepare(self) -> None:
-        """Build the per-stream templates ahead of the first token: scheduled to run while the
-        core prefills, so none of it is on the TTFT path."""
-        for index in range(self.n):
-            self._frame(index)
-        _ = self.role_event
-
-    def content_event(self, text: str, index: int = 0, lp: p.Logprobs | None = None) -> bytes:
-        """One token's whole SSE event: the hot path, so only the text is encoded per token
-        (with log-probabilities asked for, the chunk is built whole)."""
-        if lp is not None:
-            block = self.logprobs_block([lp], index)
-            return f"data: {self.chunk([self.delta(text, index=index, lp=block)])}\n\n".encode()
-        head, tail = self._frame(index)
-        return head + msgspec.json.encode(text) + tail
-
-    def logprobs_block(self, lps: list[p.Logprobs], index: int = 0) -> dict[str, Any]:
-        """OpenAI's ``logprobs`` object for these tokens of choice ``index``."""
-        if self.kind == "chat":
-            return chat_logprobs(lps)
-        block, self._offsets[index] = text_logprobs(lps, self._offsets.get(index, 0))
-        return block
-
-    def delta(
-        self,
-        text: str | None,
-        finish: str | None = None,
-        role: bool = False,
-        index: int = 0,
-        lp: dict | None = None,
-    ) -> dict:
-        if self.kind == "text":
-            return {"text": text or "", "index": index, "logprobs": lp, "finish_reason": finish}
-        d: dict[str, Any] = {}
-        if role:
-            d["role"] = "assistant"
-        if text is not None:
-            d["content"] = text
-        return {"index": index, "delta": d, "logprobs": lp, "finish_reason": finish}
-
-    def choice(
-        self, index: int, text: str, reason: str, lps: list[p.Logprobs] | None = None
-    ) -> dict[str, Any]:
-        text = self.echo + text
-        block = self.logprobs_block(lps, index) if lps is not None else None
-        if self.kind == "text":
-            return {"text": text, "index": index, "logprobs": block, "finish_reason": reason}
-        return {
-            "index": index,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": block,
-            "finish_reason": reason,
-        }
-
-    def whole(self, *result: Any) -> dict[str, Any]:
-        return self.whole_n([result])  # type: ignore[list-item]
-
-    def whole_n(self, results: list[Result]) -> dict[str, Any]:
-        """The whole answer from each choice's (text, finish reason, usage, logprobs)."""
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [self.choice(i, r[0], r[1], r[3]) for i, r in enumerate(results)],
-            "usage": usage_dict(total_usage([r[2] for r in results])),
-        }
-
-    def generates(self) -> list[p.Generate]:
-        """The core requests: the one Generate, or n with their own ids (and seeds, so the
-        choices differ yet stay reproducible)."""
-        if self.n == 1:
-            return [self.generate]
-        seed = self.generate.seed
-        return [
-            msgspec.structs.replace(
-                self.generate,
-                id=f"{self.id}-{i}",
-                seed=None if seed is None else (seed + i) % (1 << 32),
-            )
-            for i in range(self.n)
-        ]
-
-
-# a core request's end: text, finish reason, usage, log-probabilities (None unless asked)
-Result = tuple[str, str, p.Usage, list[p.Logprobs] | None]
-
-
-def total_usage(usages: list[p.Usage]) -> p.Usage:
-    """n choices share one prompt (counted once, as OpenAI does); their completions add up."""
-    completion = sum(u.completion_tokens for u in usages)
-    return p.Usage(prompt_tokens=usages[0].prompt_tokens, completion_tokens=completion)
-
-
-def usage_dict(u: p.Usage) -> dict[str, int]:
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-    }
-
-
-def end_error(job: Job, ev: p.EosEvent | p.CompletionEvent) -> ApiError | None:
-    """An end that is not a normal finish (cancelled by the core, runtime error) as an error."""
-    if ev.reason in ("stop", "length"):
-        return None
-    detail = ev.detail or f"generation ended with reason {ev.reason!r}"
-    if ev.reason == "cancelled":
-        return from_core_error(CoreError(p.E_SHUTDOWN, detail), job.prompt_param)
-    return ApiError(500, detail, type="server_error", code=p.E_RUNTIME)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -339,18 +170,30 @@ class GuardedEventSource(EventSourceResponse):
             await self._cleanup()
 
 
+Choice = tuple[int, p.Event]  # (choice index, core event)
+
+
+async def tagged(events: AsyncIterator[p.Event]) -> AsyncIterator[Choice]:
+    """One core stream as choice 0's (closing this closes it)."""
+    async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
+        async for event in stream:
+            yield 0, event
+
+
 def sse_response(
     job: Job,
-    first: p.Event,
-    events: AsyncIterator[p.Event],
+    first: Choice,
+    events: AsyncIterator[Choice],
     on_close: Callable[[], None],
     on_first_sent: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
-    """The stream, starting from an already received first event."""
+    """The stream of ``job.n`` choices, starting from an already received first event: per
+    choice the role (chat) and its first text in one write, one chunk per token, the finish
+    reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended."""
     closed = False
 
     async def cleanup() -> None:
-        """Idempotent: close the core stream (which sends ``cancel`` if unfinished), once."""
+        """Idempotent: close the core streams (which sends ``cancel`` if unfinished), once."""
         nonlocal closed
         if closed:
             return
@@ -361,32 +204,34 @@ def sse_response(
         finally:
             on_close()
 
-    async def body() -> AsyncIterator[str]:
-        ev: p.Event | None = first
-        sent_any = False
+    async def body() -> AsyncIterator[bytes | str]:
+        started, usages = [False] * job.n, []
+        item: Choice | None = first
         try:
-            while ev is not None:
+            while item is not None:
+                i, ev = item
                 if isinstance(ev, p.TokenEvent):
-                    text = ev.text
-                    if not sent_any:  # the role delta and the first text, in one write
-                        sent_any = True
-                        yield job.role_event + job.content_event(job.echo + text, 0, ev.logprobs)
-                        ev = await anext(events, None)
-                        continue
-                    yield job.content_event(text, 0, ev.logprobs)
+                    if started[i]:
+                        yield job.content_event(ev.text, i, ev.logprobs)
+                    else:
+                        started[i] = True
+                        text = job.echo + ev.text
+                        yield job.role_event(i) + job.content_event(text, i, ev.logprobs)
                 elif isinstance(ev, p.EosEvent | p.CompletionEvent):
                     if err := end_error(job, ev):
                         yield json.dumps(err.body())
                         return
-                    if not sent_any and job.kind == "chat":
-                        yield job.chunk([job.delta("", role=True)])
-                    tail = job.echo if not sent_any else ""
-                    yield job.chunk([job.delta(tail if job.kind == "text" else None, ev.reason)])
-                    if job.include_usage:
-                        yield job.chunk([], usage_dict(ev.usage))
-                    yield "[DONE]"
-                    return
-                ev = await anext(events, None)
+                    if not started[i] and job.kind == "chat":
+                        yield job.chunk([job.delta("", role=True, index=i)])
+                    tail = job.echo if not started[i] and job.kind == "text" else None
+                    yield job.chunk([job.delta(tail, ev.reason, index=i)])
+                    usages.append(ev.usage)
+                    if len(usages) == job.n:
+                        if job.include_usage:
+                            yield job.chunk([], usage_dict(total_usage(usages)))
+                        yield "[DONE]"
+                        return
+                item = await anext(events, None)
             yield json.dumps(ApiError(500, "the core ended the stream early").body())
         except CoreError as exc:
             yield json.dumps(from_core_error(exc, job.prompt_param).body())

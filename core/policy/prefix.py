@@ -84,13 +84,16 @@ class PrefixIndex:
             len(e) - (e.shared if e.parent in self.entries else 0) for e in self.entries.values()
         )
 
-    def lookup(self, tokens: Sequence[int]) -> tuple[Entry | None, int]:
-        """The entry with the longest common prefix with ``tokens``, and that length."""
+    def lookup(
+        self, tokens: Sequence[int], hashes: list[int] | None = None
+    ) -> tuple[Entry | None, int]:
+        """The entry with the longest common prefix with ``tokens``, and that length
+        (``hashes``: the tokens' block_hashes, when the caller has them already)."""
         if not self.entries:
             return None, 0
         candidates: set[int] = set(self.entries)
         depth = 0
-        for h in block_hashes(tokens):
+        for h in block_hashes(tokens) if hashes is None else hashes:
             hit = self._by_hash.get(h)
             if not hit:
                 break

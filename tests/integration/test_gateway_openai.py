@@ -254,20 +254,25 @@ def test_chat_stop_sequence_and_qos(gateway, model_id):
     assert "," not in r.choices[0].message.content
 
 
-def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id):
-    before = core_metrics(umad.socket)["requests_total"]["cancelled"]
+def read_then_leave(gateway, model_id: str, chunks: int, **extra) -> None:
+    """Open a long completion stream, read ``chunks`` chunks, then disconnect."""
     body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}
     with (
         httpx.Client(timeout=60) as http,
-        http.stream("POST", f"{gateway.base_url}/completions", json=body) as r,
+        http.stream("POST", f"{gateway.base_url}/completions", json=body | extra) as r,
     ):
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data: {")
-            if seen == 2:
+            if seen == chunks:
                 break
+
+
+def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id):
+    before = core_metrics(umad.socket)["requests_total"]["cancelled"]
+    read_then_leave(gateway, model_id, 2)
     m = wait_idle(umad.socket)
     assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
     assert m["requests_total"]["cancelled"] == before + 1
@@ -281,17 +286,7 @@ def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id
 
 def test_client_disconnect_mid_stream_frees_every_choice(gateway, umad, model_id):
     before = core_metrics(umad.socket)["requests_total"]["cancelled"]
-    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}
-    with (
-        httpx.Client(timeout=60) as http,
-        http.stream("POST", f"{gateway.base_url}/completions", json=body | {"n": 3}) as r,
-    ):
-        assert r.status_code == 200
-        seen = 0
-        for line in r.iter_lines():
-            seen += line.startswith("data: {")
-            if seen == 4:
-                break
+    read_then_leave(gateway, model_id, 4, n=3)
     m = wait_idle(umad.socket)
     assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
     deadline = time.monotonic() + 10

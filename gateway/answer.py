@@ -1,0 +1,180 @@
+"""One OpenAI request's answer: its core request(s), its SSE chunks and whole bodies, in the
+completions or chat shape, with usage and log-probabilities."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from uma_serve.clients.client import CoreError
+from uma_serve.core import protocol as p
+from uma_serve.gateway.errors import ApiError, from_core_error
+from uma_serve.gateway.logprobs import chat_logprobs, text_logprobs
+
+
+@dataclass
+class Job:
+    """One OpenAI request on its way through the core."""
+
+    kind: Literal["text", "chat"]
+    id: str
+    model: str
+    generate: p.Generate
+    include_usage: bool = False
+    echo: str = ""
+    prompt_param: str = "prompt"
+    n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
+    created: int = field(default_factory=lambda: int(time.time()))
+    _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
+    _offsets: dict[int, int] = field(default_factory=dict, repr=False)  # text_offset per choice
+    _roles: dict[int, bytes] = field(default_factory=dict, repr=False)
+
+    @property
+    def object(self) -> str:
+        return "text_completion" if self.kind == "text" else "chat.completion"
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "text_completion" if self.kind == "text" else "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+    def _frame(self, index: int) -> tuple[bytes, bytes]:
+        """A content chunk's SSE bytes before and after its text, built once per choice."""
+        frame = self._frames.get(index)
+        if frame is None:
+            marker = "\x00"
+            whole = self.chunk([self.delta(marker, index=index)])
+            head, tail = whole.split(json.dumps(marker), 1)
+            frame = self._frames[index] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        return frame
+
+    def role_event(self, index: int) -> bytes:
+        """A chat choice's opening SSE event (the assistant role, no content yet)."""
+        if self.kind != "chat":
+            return b""
+        event = self._roles.get(index)
+        if event is None:
+            chunk = self.chunk([self.delta("", role=True, index=index)])
+            event = self._roles[index] = f"data: {chunk}\n\n".encode()
+        return event
+
+    def prepare(self) -> None:
+        """Build the per-stream templates ahead of the first token: scheduled to run while the
+        core prefills, so none of it is on the TTFT path."""
+        for index in range(self.n):
+            self._frame(index)
+            self.role_event(index)
+
+    def content_event(self, text: str, index: int = 0, lp: p.Logprobs | None = None) -> bytes:
+        """One token's whole SSE event: the hot path, so only the text is encoded per token
+        (with log-probabilities asked for, the chunk is built whole)."""
+        if lp is not None:
+            block = self.logprobs_block([lp], index)
+            return f"data: {self.chunk([self.delta(text, index=index, lp=block)])}\n\n".encode()
+        head, tail = self._frame(index)
+        return head + msgspec.json.encode(text) + tail
+
+    def logprobs_block(self, lps: list[p.Logprobs], index: int = 0) -> dict[str, Any]:
+        """OpenAI's ``logprobs`` object for these tokens of choice ``index``."""
+        if self.kind == "chat":
+            return chat_logprobs(lps)
+        block, self._offsets[index] = text_logprobs(lps, self._offsets.get(index, 0))
+        return block
+
+    def delta(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        role: bool = False,
+        index: int = 0,
+        lp: dict | None = None,
+    ) -> dict:
+        if self.kind == "text":
+            return {"text": text or "", "index": index, "logprobs": lp, "finish_reason": finish}
+        d: dict[str, Any] = {}
+        if role:
+            d["role"] = "assistant"
+        if text is not None:
+            d["content"] = text
+        return {"index": index, "delta": d, "logprobs": lp, "finish_reason": finish}
+
+    def choice(
+        self, index: int, text: str, reason: str, lps: list[p.Logprobs] | None = None
+    ) -> dict[str, Any]:
+        text = self.echo + text
+        block = self.logprobs_block(lps, index) if lps is not None else None
+        if self.kind == "text":
+            return {"text": text, "index": index, "logprobs": block, "finish_reason": reason}
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": block,
+            "finish_reason": reason,
+        }
+
+    def whole(self, results: list[Result]) -> dict[str, Any]:
+        """The whole answer from each choice's (text, finish reason, usage, logprobs)."""
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [self.choice(i, r[0], r[1], r[3]) for i, r in enumerate(results)],
+            "usage": usage_dict(total_usage([r[2] for r in results])),
+        }
+
+    def generates(self) -> list[p.Generate]:
+        """The core requests: the one Generate, or n with their own ids (and seeds, so the
+        choices differ yet stay reproducible)."""
+        if self.n == 1:
+            return [self.generate]
+        seed = self.generate.seed
+        return [
+            msgspec.structs.replace(
+                self.generate,
+                id=f"{self.id}-{i}",
+                seed=None if seed is None else (seed + i) % (1 << 32),
+            )
+            for i in range(self.n)
+        ]
+
+
+# a core request's end: text, finish reason, usage, log-probabilities (None unless asked)
+Result = tuple[str, str, p.Usage, list[p.Logprobs] | None]
+
+
+def total_usage(usages: list[p.Usage]) -> p.Usage:
+    """n choices share one prompt (counted once, as OpenAI does); their completions add up."""
+    completion = sum(u.completion_tokens for u in usages)
+    return p.Usage(prompt_tokens=usages[0].prompt_tokens, completion_tokens=completion)
+
+
+def usage_dict(u: p.Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
+
+
+def end_error(job: Job, ev: p.EosEvent | p.CompletionEvent) -> ApiError | None:
+    """An end that is not a normal finish (cancelled by the core, runtime error) as an error."""
+    if ev.reason in ("stop", "length"):
+        return None
+    detail = ev.detail or f"generation ended with reason {ev.reason!r}"
+    if ev.reason == "cancelled":
+        return from_core_error(CoreError(p.E_SHUTDOWN, detail), job.prompt_param)
+    return ApiError(500, detail, type="server_error", code=p.E_RUNTIME)
