@@ -9,6 +9,7 @@ import os
 import uvicorn
 
 from uma_serve.gateway.app import Settings, create_app
+from uma_serve.gateway.tcp_cork import cork_response_head
 
 
 def env_list(name: str) -> list[str]:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
     gc.freeze()
     uvicorn.run(
-        app,
+        cork_response_head(app),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
