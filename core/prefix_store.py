@@ -73,12 +73,11 @@ class PrefixStore:
         """The running sequence whose computed KV covers the longest prefix of the prompt."""
         best, best_n = None, 0
         for other in running:
-            blocks = self.shared_blocks(seq, other)
-            if blocks == 0:
+            if self.shared_blocks(seq, other) == 0:  # the hashes rule most out cheaply
                 continue
-            n = common_prefix(other.prompt, seq.prompt, blocks * BLOCK)
-            n = min(n, other.n_past, len(seq.prompt) - 1)
-            if n > best_n and other.prompt[:n] == seq.prompt[:n]:  # no hash collision
+            # compared token by token from the start: a hash collision cannot pass
+            n = min(common_prefix(other.prompt, seq.prompt), other.n_past, len(seq.prompt) - 1)
+            if n > best_n:
                 best, best_n = other, n
         return best, best_n
 

@@ -245,9 +245,9 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
         await events.aclose()
         raise
     ev = first[1]
-    if isinstance(ev, p.EosEvent | p.CompletionEvent) and ev.reason not in ("stop", "length"):
+    if isinstance(ev, p.EosEvent | p.CompletionEvent) and (err := end_error(job, ev)):
         await events.aclose()
-        raise end_error(job, ev)  # type: ignore[misc]
+        raise err
     arrived, got = getattr(request.state, "uma_arrival", sent), time.perf_counter()
 
     def observe() -> None:

@@ -20,13 +20,12 @@ import contextlib
 import socket
 from typing import Any
 
-Scope = dict[str, Any]
-ASGIApp = Any
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 TCP_CORK = getattr(socket, "TCP_CORK", None)
 
 
-def tcp_socket_of(send: Any) -> socket.socket | None:
+def tcp_socket_of(send: Send) -> socket.socket | None:
     """The TCP socket behind uvicorn's ``send``, or None."""
     transport = getattr(getattr(send, "__self__", None), "transport", None)
     if transport is None or TCP_CORK is None:
@@ -45,14 +44,14 @@ def _cork(sock: Any, on: bool) -> None:
 def cork_response_head(app: ASGIApp) -> ASGIApp:
     """Wrap an ASGI app (outermost, so that ``send`` is the server's own)."""
 
-    async def corked_app(scope: Scope, receive: Any, send: Any) -> None:
+    async def corked_app(scope: Scope, receive: Receive, send: Send) -> None:
         sock = tcp_socket_of(send) if scope["type"] == "http" else None
         if sock is None:
             await app(scope, receive, send)
             return
         corked = False
 
-        async def send_corked(message: dict[str, Any]) -> None:
+        async def send_corked(message: Message) -> None:
             nonlocal corked
             if message["type"] == "http.response.start":
                 _cork(sock, True)
