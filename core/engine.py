@@ -241,12 +241,14 @@ class Engine:
         for seq in self._running.values():
             if seq.seq_id not in served:
                 seq.burst = 0
+        plain: list[tuple[Sequence, int]] = []  # a row each, sampled together
+        drafted: list[tuple[Sequence, list[int], int]] = []  # rows verified one by one
         for item, span, row in zip(plan.items, spans, rows, strict=True):
             seq = self._running[item.seq_id]
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE and len(span.tokens) > 1:
-                self._verify(seq, span.tokens[1:], row, now)
+                drafted.append((seq, span.tokens[1:], row))
                 continue
             seq.n_past += len(span.tokens)
             if item.phase is Phase.DECODE:
@@ -254,7 +256,14 @@ class Engine:
             elif not seq.pending_prefill:
                 seq.prefill_done_ns = now
             if row >= 0:
-                self._on_logits(seq, row, now)
+                plain.append((seq, row))
+        picks = self._samplers.sample_rows(
+            [(seq.seq_id, seq.sampler, row, seq.request.logprobs) for seq, row in plain]
+        )
+        for (seq, _), (token, lp) in zip(plain, picks, strict=True):
+            self._on_token(seq, token, lp, now)
+        for seq, drafts, row in drafted:
+            self._verify(seq, drafts, row, now)
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
 
     def _span(self, seq_id: int, phase: Phase, n: int, logits: bool) -> Span:
@@ -313,8 +322,13 @@ class Engine:
                 self._fail(seq, p.E_RUNTIME, f"llama_decode failed (rc={rc})", now)
 
     def _on_logits(self, seq: Sequence, row: int, now: int) -> None:
+        token, lp = self._samplers.sample_logprobs(
+            seq.seq_id, seq.sampler, row, seq.request.logprobs
+        )
+        self._on_token(seq, token, lp, now)
+
+    def _on_token(self, seq: Sequence, token: int, lp: p.Logprobs | None, now: int) -> None:
         req = seq.request
-        token, lp = self._samplers.sample_logprobs(seq.seq_id, seq.sampler, row, req.logprobs)
         if self.runtime.is_eog(token) and not req.ignore_eos:
             self._finish(seq, "stop", now, token=token)
             return

@@ -15,7 +15,7 @@ import numpy as np
 from uma_serve.core import protocol as p
 from uma_serve.core.config import SAMPLERS
 from uma_serve.core.runtime import Runtime, Sampler, SamplingParams
-from uma_serve.core.sampling import TokenSampler, logprobs_of
+from uma_serve.core.sampling import TokenSampler, logprobs_of, sample_candidates_batch
 
 
 def sampling_params(req: p.Generate) -> SamplingParams:
@@ -61,6 +61,33 @@ class Samplers:
             self.full_row.discard(seq_id)
             self.runtime.set_device_top_k(seq_id, True)
 
+    def sample_rows(
+        self, rows: list[tuple[int, TokenSampler | Sampler | None, int, int | None]]
+    ) -> list[tuple[int, p.Logprobs | None]]:
+        """The tokens of a tick's rows, each (seq_id, sampler, row, logprobs k): the rows whose
+        candidates come from the device are drawn together, the others one by one."""
+        together = [
+            i
+            for i, (seq_id, sampler, _, k) in enumerate(rows)
+            if self._from_candidates(seq_id, sampler) and k is None
+        ]
+        picks: list[tuple[int, p.Logprobs | None] | None] = [None] * len(rows)
+        if together:
+            ids, logits = self.runtime.candidates([rows[i][2] for i in together])
+            samplers = [rows[i][1] for i in together]
+            tokens = sample_candidates_batch(samplers, ids, logits)  # type: ignore[arg-type]
+            for i, token in zip(together, tokens, strict=True):
+                picks[i] = (token, None)
+        return [
+            pick if pick is not None else self.sample_logprobs(*row)
+            for pick, row in zip(picks, rows, strict=True)
+        ]
+
+    def _from_candidates(self, seq_id: int, sampler: TokenSampler | Sampler | None) -> bool:
+        """Whether this row's token comes from the device's top-k candidates."""
+        device = self.device_k > 0 and seq_id not in self.full_row
+        return device and isinstance(sampler, TokenSampler)
+
     def sample_logprobs(
         self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int, k: int | None
     ) -> tuple[int, p.Logprobs | None]:
@@ -75,8 +102,8 @@ class Samplers:
     def sample(self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int) -> int:
         """The session's next token from batch row ``row`` of the last decode."""
         if isinstance(sampler, TokenSampler):
-            if self.device_k and seq_id not in self.full_row:
-                return sampler.sample_candidates(*self.runtime.candidates(row))
+            if self._from_candidates(seq_id, sampler):
+                return self.sample_rows([(seq_id, sampler, row, None)])[0][0]
             return sampler.sample(self.runtime.logits_row(row))
         assert sampler is not None
         return self.runtime.sample(sampler, row)

@@ -16,6 +16,9 @@ from uma_serve.core.runtime.chain import Sampler
 from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
 
 WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
+# Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
+# only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
+STANDARD_SWA = frozenset({"gemma2", "gemma3", "gemma3n", "cohere2"})
 
 log = logging.getLogger("uma.runtime")
 
@@ -118,6 +121,8 @@ class Runtime:
         self._seq_ptrs = [self._batch.seq_id[i] for i in range(n)]
         self._nseq[:] = 1
         self._pieces: dict[int, bytes] = {}
+        self._shadow_lag = self._shadow_lag_for(params)
+        self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
         log.info(
             "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
             self.model_name,
@@ -127,6 +132,19 @@ class Runtime:
             params.n_batch,
             self.threads,
         )
+
+    def _shadow_lag_for(self, params: RuntimeParams) -> int:
+        """How many decoded positions a sequence's shadow tag may trail by. Each tag is a
+        ``seq_cp``, a pass over every KV cell (0.7 ms a 16-stream tick at 32k cells), so with
+        a standard window the tags are added every ``lag`` positions: a cell is recycled only
+        once n_swa positions lie after it. Other windows: every decode; none: never."""
+        n_swa = ll.llama_model_n_swa(self.model)
+        if not params.shadow or n_swa <= 0:
+            return 1 << 30
+        if self.architecture not in STANDARD_SWA:
+            return 1
+        # within one decode the sequence may run n_batch - n_ubatch past its last tags
+        return max(1, min(256, (n_swa - (params.n_batch - params.n_ubatch)) // 2))
 
     # ---- model facts ----
 
@@ -221,11 +239,14 @@ class Runtime:
         rc = ll.llama_decode(self.ctx, self._batch)
         if rc == 0 and self.params.shadow:
             for span in spans:
-                shadow = span.seq_id + self._n_ids
-                ll.llama_memory_seq_cp(
-                    self.memory, span.seq_id, shadow, span.pos, span.pos + len(span.tokens)
-                )
+                self._tag_shadow(span.seq_id, span.pos + len(span.tokens))
         return rc, rows
+
+    def _tag_shadow(self, seq_id: int, end: int) -> None:
+        start = self._shadowed[seq_id]
+        if end - start >= self._shadow_lag:
+            ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, start, end)
+            self._shadowed[seq_id] = end
 
     def warm_up(self) -> None:
         """A prompt-shaped and a decode-shaped batch on sequence 0, then an empty cache, like
@@ -269,12 +290,18 @@ class Runtime:
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
         return chain
 
-    def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        """The device top-k of a batch row: (token ids, their logits), unsorted views on
-        llama.cpp's buffers, valid until the next decode."""
-        n = ll.llama_get_sampled_candidates_count_ith(self.ctx, row)
-        ids = np.ctypeslib.as_array(ll.llama_get_sampled_candidates_ith(self.ctx, row), (n,))
-        logits = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(self.ctx, row), (n,))
+    def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The device top-k of batch rows, copied into (rows, k) arrays: token ids and their
+        logits, unsorted (a row with fewer than k candidates is padded with logit -inf)."""
+        k = self.params.device_top_k
+        ids = np.zeros((len(rows), k), dtype=np.int32)
+        logits = np.full((len(rows), k), -np.inf, dtype=np.float32)
+        ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
+        for r, row in enumerate(rows):
+            n = min(ll.llama_get_sampled_candidates_count_ith(self.ctx, row), k) * 4
+            src = ll.llama_get_sampled_candidates_ith(self.ctx, row)
+            ctypes.memmove(ids_at + r * size, src, n)
+            ctypes.memmove(logits_at + r * size, ll.llama_get_sampled_logits_ith(self.ctx, row), n)
         return ids, logits
 
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
@@ -308,11 +335,13 @@ class Runtime:
         ll.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         if self.params.shadow:
             ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, -1, -1)
+            self._shadowed[seq_id] = 0
 
     def seq_trim(self, seq_id: int, from_pos: int) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)
         if self.params.shadow:
             ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, from_pos, -1)
+            self._shadowed[seq_id] = min(self._shadowed[seq_id], from_pos)
 
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         """Positions [0, n) of ``src`` also become ``dst``'s. In a unified KV cache this tags
@@ -320,6 +349,7 @@ class Runtime:
         ll.llama_memory_seq_cp(self.memory, src, dst, 0, n)
         if self.params.shadow:
             ll.llama_memory_seq_cp(self.memory, src, dst + self._n_ids, 0, n)
+            self._shadowed[dst] = max(self._shadowed[dst], n)
 
     def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool:
         """Write one sequence's KV (and its token list) to ``path``."""
@@ -339,10 +369,14 @@ class Runtime:
         tokens = list(arr[: count.value])
         if self.params.shadow:
             ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, 0, len(tokens))
+            self._shadowed[seq_id] = len(tokens)
         return tokens
 
     def seq_pos_max(self, seq_id: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return ll.llama_memory_seq_pos_min(self.memory, seq_id)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

@@ -1,0 +1,44 @@
+"""Shadow tags with the real model: llama.cpp's slot search hands a KV cell that belongs to
+ONE sequence to another once it lies a window (512 positions for Gemma 3) behind its
+sequence's last position, even with swa_full. The prefix cache needs those cells, so the
+runtime tags each sequence's cells with a second (shadow) id, every ``lag`` positions."""
+
+from __future__ import annotations
+
+import pytest
+
+from uma_serve.core.config import default_model_path
+from uma_serve.core.runtime import Runtime, RuntimeParams, Span
+
+TEXT = "The lighthouse keeper logs the weather every morning at six. " * 200
+
+
+def _recycle(rt: Runtime) -> int:
+    """Cells, in the slot search's order: sequence 3 takes the first 150 and leaves (the
+    search starts over there); sequence 0 takes the next 1,200 (prompt chunks, then one-token
+    steps), sequence 2 the next 298; the rest is free. Sequence 1 then asks for 300 cells.
+    Returns sequence 0's first position still in the cache (0: none of its cells taken)."""
+    tokens = rt.tokenize(TEXT)
+    assert rt.decode([Span(3, 0, tokens[:150], False)])[0] == 0
+    pos = 0
+    for n in (512, 512, 150) + (1,) * 26:
+        assert rt.decode([Span(0, pos, tokens[pos : pos + n], True)])[0] == 0
+        pos += n
+    assert rt.decode([Span(2, 0, tokens[:298], False)])[0] == 0
+    rt.seq_clear(3)
+    assert rt.decode([Span(1, 0, tokens[:300], True)])[0] == 0
+    assert rt.seq_pos_max(0) == pos - 1
+    return rt.seq_pos_min(0)
+
+
+@pytest.mark.parametrize("shadow", [True, False])
+def test_shadow_tags_keep_a_sequences_old_cells(shadow: bool) -> None:
+    """Without shadow tags sequence 1 gets sequence 0's oldest cells (the case this guards
+    against happens); with them (tagged lazily) sequence 0 keeps every position."""
+    params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=shadow)
+    rt = Runtime(params)
+    try:
+        first = _recycle(rt)
+    finally:
+        rt.close()
+    assert (first == 0) if shadow else (first > 0)
