@@ -20,13 +20,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.admission import AdmissionQueue
 from uma_serve.core.inbox import Inbox
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import (
-    Constraints,
-    IBatchPolicy,
-    Phase,
-    Plan,
-    SchedulerState,
-)
+from uma_serve.core.policy import Constraints, IBatchPolicy, Phase, Plan, SchedulerState
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.prefix_store import PrefixStore
