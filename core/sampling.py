@@ -87,8 +87,26 @@ class TokenSampler:
 
     def sample_candidates(self, ids: np.ndarray, logits: np.ndarray) -> int:
         """The token from a device top-k (ids, logits): the chain's maths from top-k on, so
-        the same law as sampling the whole row (greedy: the same token)."""
-        return sample_candidates_batch([self], ids[None, :], logits[None, :])[0]
+        the same law as sampling the whole row (greedy: the same token). One row alone costs
+        half as many numpy calls here as in sample_candidates_batch."""
+        p = self.p
+        if p.temperature <= 0.0:
+            best = logits.max()
+            token = int(ids[logits == best].min())  # the row's argmax: lowest id on a tie
+        else:
+            order = np.argsort(logits)[::-1][: p.top_k if p.top_k > 0 else None]
+            ids, cand = ids[order], logits[order].astype(np.float64)
+            if p.top_p < 1.0:
+                keep = int(np.searchsorted(np.cumsum(_softmax(cand)), p.top_p) + 1)
+                ids, cand = ids[:keep], cand[:keep]
+            if p.min_p > 0.0:
+                mask = cand >= cand[0] + np.log(p.min_p)
+                ids, cand = ids[mask], cand[mask]
+            probs = _softmax(cand / p.temperature)
+            pick = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum()))
+            token = int(ids[min(pick, len(probs) - 1)])
+        self.accept(token)
+        return token
 
     def _draw(self, logits: np.ndarray) -> int:
         p = self.p
@@ -142,47 +160,52 @@ def sample_candidates_batch(
     from top-k on (top-k -> top-p -> min-p -> temperature -> one draw from the row's RNG), so
     a tick of 16 sessions costs about what one cost row by row. Greedy: the row's argmax,
     the lowest id on a tie."""
-    temp = np.array([s.p.temperature for s in samplers], dtype=np.float64)
-    tokens = np.empty(len(samplers), dtype=np.int64)
-    greedy = temp <= 0.0
-    if greedy.any():
-        g, gi = logits[greedy], ids[greedy]
+    if len(samplers) == 1:
+        return [samplers[0].sample_candidates(ids[0], logits[0])]
+    tokens = [0] * len(samplers)
+    greedy = [i for i, s in enumerate(samplers) if s.p.temperature <= 0.0]
+    drawn = [i for i, s in enumerate(samplers) if s.p.temperature > 0.0]
+    if greedy:
+        g, gi = (logits, ids) if not drawn else (logits[greedy], ids[greedy])
         tie = g == g.max(axis=1, keepdims=True)
-        tokens[greedy] = np.where(tie, gi, np.iinfo(np.int32).max).min(axis=1)
-    if not greedy.all():
-        drawn = [s for s, g in zip(samplers, greedy.tolist(), strict=True) if not g]
-        tokens[~greedy] = _draw_rows(drawn, ids[~greedy], logits[~greedy], temp[~greedy])
-    out = tokens.tolist()
-    for sampler, token in zip(samplers, out, strict=True):
+        best = np.where(tie, gi, np.iinfo(np.int32).max).min(axis=1)
+        for i, token in zip(greedy, best.tolist(), strict=True):
+            tokens[i] = token
+    if drawn:
+        d, di = (logits, ids) if not greedy else (logits[drawn], ids[drawn])
+        picks = _draw_rows([samplers[i] for i in drawn], di, d)
+        for i, token in zip(drawn, picks.tolist(), strict=True):
+            tokens[i] = token
+    for sampler, token in zip(samplers, tokens, strict=True):
         sampler.accept(token)
-    return out
+    return tokens
 
 
-def _draw_rows(
-    samplers: list[TokenSampler], ids: np.ndarray, logits: np.ndarray, temp: np.ndarray
-) -> np.ndarray:
+def _draw_rows(samplers: list[TokenSampler], ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """Each kept set is a prefix of its row sorted by logit: n counts it, step by step."""
     rows, k = logits.shape
-    order = np.argsort(-logits, axis=1, kind="stable")
-    ids = np.take_along_axis(ids, order, axis=1)
-    cand = np.take_along_axis(logits, order, axis=1).astype(np.float64)
+    at = np.arange(rows)[:, None]
+    order = np.argsort(logits, axis=1)[:, ::-1]
+    ids = ids[at, order]
+    cand = logits[at, order].astype(np.float64)
+    cand -= cand[:, :1]  # the row's max is 0
     params = [s.p for s in samplers]
+    n = np.array([p.top_k if 0 < p.top_k < k else k for p in params])
     top_p = np.array([p.top_p for p in params])
-    min_p = np.array([p.min_p for p in params])
-    col = np.arange(k)
-    n = np.minimum([p.top_k if p.top_k > 0 else k for p in params], k)
-    e = np.where(col < n[:, None], np.exp(cand - cand[:, :1]), 0.0)  # top-k
-    probs = np.cumsum(e / e.sum(axis=1, keepdims=True), axis=1)
-    nucleus = (probs < top_p[:, None]).sum(axis=1) + 1  # the first prefix reaching top_p
+    floor = np.array([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params])
+    beyond = np.arange(k) >= n[:, None]
+    e = np.exp(cand)
+    e[beyond] = 0.0
+    mass = np.cumsum(e, axis=1)
+    nucleus = (mass < top_p[:, None] * mass[:, -1:]).sum(axis=1) + 1  # first prefix >= top_p
     n = np.where(top_p < 1.0, np.minimum(n, nucleus), n)
-    with np.errstate(divide="ignore"):  # min-p: logit >= max + ln(min_p)
-        floor = cand[:, 0] + np.log(np.where(min_p > 0.0, min_p, 0.0))
-    n = np.minimum(n, (cand >= floor[:, None]).sum(axis=1))
-    w = np.where(col < n[:, None], np.exp((cand - cand[:, :1]) / temp[:, None]), 0.0)
+    n = np.minimum(n, (cand >= floor[:, None]).sum(axis=1))  # min-p: p >= min_p * p_max
+    w = np.exp(cand / np.array([p.temperature for p in params])[:, None])
+    w[np.arange(k) >= n[:, None]] = 0.0
     cw = np.cumsum(w, axis=1)
     u = np.array([s.rng.random() for s in samplers]) * cw[:, -1]
     pick = np.minimum((cw < u[:, None]).sum(axis=1), n - 1)
-    return ids[np.arange(rows), pick]
+    return ids[at[:, 0], pick]
 
 
 def top_k_ids(logits: np.ndarray, k: int, peak: float) -> np.ndarray:

@@ -28,8 +28,8 @@ def _rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def test_a_batch_draws_what_each_row_draws_alone() -> None:
     """Rows with different parameters side by side do not leak into one another: every row
-    gets the token its sampler draws alone, tick after tick (each sampler's RNG advances
-    once per token in both)."""
+    gets the token its sampler draws alone (the one-row code, written apart), tick after tick
+    (each sampler's RNG advances once per token in both)."""
     rng = np.random.default_rng(7)
     together = [TokenSampler(p, 0) for p in PARAMS]
     alone = [TokenSampler(p, 0) for p in PARAMS]
@@ -47,13 +47,15 @@ def test_candidates_draw_what_the_whole_row_draws(params: SamplingParams) -> Non
     the whole-row sampler (its own top-k, top-p and min-p code) pick the same token for the
     same seed."""
     rng = np.random.default_rng(11)
-    batched, whole = TokenSampler(params, 0), TokenSampler(params, 0)
+    batched = [TokenSampler(params, 0), TokenSampler(params, 0)]  # two rows: the batch path
+    whole = TokenSampler(params, 0)
     picks = []
     for _ in range(300):
         logits = (rng.standard_normal(K) * 3).astype(np.float32)
         ids = np.arange(K, dtype=np.int32)
         order = rng.permutation(K)  # the device's candidates come unsorted
-        picks.append(sample_candidates_batch([batched], ids[order][None], logits[order][None])[0])
+        rows = np.stack([ids[order]] * 2), np.stack([logits[order]] * 2)
+        picks.append(sample_candidates_batch(batched, *rows)[0])
         assert picks[-1] == whole.sample(logits.copy())
     if params.temperature > 0:
         assert len(set(picks)) > 10
