@@ -123,6 +123,8 @@ class Runtime:
         self._pieces: dict[int, bytes] = {}
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
+        self._cand_ids = np.zeros((0, params.device_top_k), dtype=np.int32)
+        self._cand_logits = np.zeros((0, params.device_top_k), dtype=np.float32)
         log.info(
             "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
             self.model_name,
@@ -291,17 +293,23 @@ class Runtime:
         return chain
 
     def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The device top-k of batch rows, copied into (rows, k) arrays: token ids and their
-        logits, unsorted (a row with fewer than k candidates is padded with logit -inf)."""
+        """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
+        unsorted (a row with fewer than k candidates is padded with logit -inf); copied into
+        buffers of the runtime's, valid until the next call."""
         k = self.params.device_top_k
-        ids = np.zeros((len(rows), k), dtype=np.int32)
-        logits = np.full((len(rows), k), -np.inf, dtype=np.float32)
+        if self._cand_ids.shape[0] < len(rows):
+            self._cand_ids = np.zeros((len(rows), k), dtype=np.int32)
+            self._cand_logits = np.zeros((len(rows), k), dtype=np.float32)
+        ids, logits = self._cand_ids[: len(rows)], self._cand_logits[: len(rows)]
         ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
         for r, row in enumerate(rows):
-            n = min(ll.llama_get_sampled_candidates_count_ith(self.ctx, row), k) * 4
-            src = ll.llama_get_sampled_candidates_ith(self.ctx, row)
-            ctypes.memmove(ids_at + r * size, src, n)
-            ctypes.memmove(logits_at + r * size, ll.llama_get_sampled_logits_ith(self.ctx, row), n)
+            n = min(ll.llama_get_sampled_candidates_count_ith(self.ctx, row), k)
+            src_ids = ll.llama_get_sampled_candidates_ith(self.ctx, row)
+            src_logits = ll.llama_get_sampled_logits_ith(self.ctx, row)
+            ctypes.memmove(ids_at + r * size, src_ids, n * 4)
+            ctypes.memmove(logits_at + r * size, src_logits, n * 4)
+            if n < k:
+                logits[r, n:] = -np.inf
         return ids, logits
 
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
