@@ -294,8 +294,8 @@ class Runtime:
 
     def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
-        unsorted (a row with fewer than k candidates is padded with logit -inf); copied into
-        buffers of the runtime's, valid until the next call."""
+        unsorted (a row with fewer than k candidates is padded with logit -inf), copied into
+        the runtime's own buffers: valid until the next call."""
         k = self.params.device_top_k
         if self._cand_ids.shape[0] < len(rows):
             self._cand_ids = np.zeros((len(rows), k), dtype=np.int32)
