@@ -65,12 +65,9 @@ class Samplers:
         self, rows: list[tuple[int, TokenSampler | Sampler | None, int, int | None]]
     ) -> list[tuple[int, p.Logprobs | None]]:
         """The tokens of a tick's rows, each (seq_id, sampler, row, logprobs k): the rows whose
-        candidates come from the device are drawn together, the others one by one."""
-        together = [
-            i
-            for i, (seq_id, sampler, _, k) in enumerate(rows)
-            if self._from_candidates(seq_id, sampler) and k is None
-        ]
+        candidates come from the device are drawn together, the others one by one (a request
+        with logprobs always has its whole row: see new)."""
+        together = [i for i, row in enumerate(rows) if self._from_candidates(row[0], row[1])]
         picks: list[tuple[int, p.Logprobs | None] | None] = [None] * len(rows)
         if together:
             ids, logits = self.runtime.candidates([rows[i][2] for i in together])
@@ -103,7 +100,8 @@ class Samplers:
         """The session's next token from batch row ``row`` of the last decode."""
         if isinstance(sampler, TokenSampler):
             if self._from_candidates(seq_id, sampler):
-                return self.sample_rows([(seq_id, sampler, row, None)])[0][0]
+                ids, logits = self.runtime.candidates([row])
+                return sampler.sample_candidates(ids[0], logits[0])
             return sampler.sample(self.runtime.logits_row(row))
         assert sampler is not None
         return self.runtime.sample(sampler, row)

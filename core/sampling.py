@@ -193,15 +193,15 @@ def _draw_rows(samplers: list[TokenSampler], ids: np.ndarray, logits: np.ndarray
     n = np.array([p.top_k if 0 < p.top_k < k else k for p in params])
     top_p = np.array([p.top_p for p in params])
     floor = np.array([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params])
-    beyond = np.arange(k) >= n[:, None]
+    col = np.arange(k)
     e = np.exp(cand)
-    e[beyond] = 0.0
+    e[col >= n[:, None]] = 0.0
     mass = np.cumsum(e, axis=1)
     nucleus = (mass < top_p[:, None] * mass[:, -1:]).sum(axis=1) + 1  # first prefix >= top_p
     n = np.where(top_p < 1.0, np.minimum(n, nucleus), n)
     n = np.minimum(n, (cand >= floor[:, None]).sum(axis=1))  # min-p: p >= min_p * p_max
     w = np.exp(cand / np.array([p.temperature for p in params])[:, None])
-    w[np.arange(k) >= n[:, None]] = 0.0
+    w[col >= n[:, None]] = 0.0
     cw = np.cumsum(w, axis=1)
     u = np.array([s.rng.random() for s in samplers]) * cw[:, -1]
     pick = np.minimum((cw < u[:, None]).sum(axis=1), n - 1)
