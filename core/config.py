@@ -53,7 +53,7 @@ class Config:
     prefix_cache_tokens: int = 4096
     prefix_cache_slots: int = 8
     spec_draft: int = -1
-    spec_max_streams: int = 2
+    spec_max_streams: int = 4
     pin_prefix: str = ""
     seed: int | None = None
     log_level: str = "info"

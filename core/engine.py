@@ -28,7 +28,7 @@ from uma_serve.core.priority import lower_current_thread
 from uma_serve.core.runtime import Runtime, Span
 from uma_serve.core.samplers import Samplers
 from uma_serve.core.sequence import RequestKey, Sequence
-from uma_serve.core.speculation import propose_drafts, verify
+from uma_serve.core.speculation import WorkloadAcceptance, propose_drafts, verify
 from uma_serve.core.tick_learner import TickLearner
 
 log = logging.getLogger("uma.engine")
@@ -63,9 +63,8 @@ class Engine:
         compute_nice: int = 0,
     ) -> None:
         self.runtime = runtime
-        # hand a tick's events to the I/O thread only once the next tick is launched (the
-        # encoding then runs while the device works); off by default: it gained nothing
-        # measurable and delays each tick's tokens by the next launch (docs/CONFIG.md)
+        # hand a tick's events over once the next tick is launched (encoding while the device
+        # works); off by default: no gain measured, and tokens wait a launch (docs/CONFIG.md)
         self._overlap = overlap
         self._compute_nice = compute_nice
         self.policy = policy
@@ -78,6 +77,7 @@ class Engine:
         self._queue = AdmissionQueue(range(runtime.params.n_seq), reserved_interactive)
         self._prefix = PrefixStore.build(runtime, self.metrics, constraints, prefix_cache_tokens)
         self._spec = constraints.spec_max_draft
+        self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence
         self._learner = TickLearner(constraints, tuner)
         self._samplers = Samplers(runtime, sampler)
@@ -181,6 +181,7 @@ class Engine:
                 self._prefix.reuse(seq, self._running.values())
             if self._spec > 0:
                 seq.ngrams = NgramIndex(seq.prompt)
+                seq.spec_accept_ewma = self._accept.value
             self._running[seq.seq_id] = seq
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.waiting_sessions = len(self._queue)
@@ -270,7 +271,7 @@ class Engine:
         return Span(seq_id, seq.n_past, tokens, logits and seq.n_past + n == len(seq.prompt))
 
     def _verify(self, seq: Sequence, drafts: list[int], row: int, now: int) -> None:
-        accepted = verify(seq, drafts, row, lambda r: self._on_logits(seq, r, now))
+        accepted = verify(seq, drafts, row, lambda r: self._on_logits(seq, r, now), self._accept)
         if self._running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
             self.runtime.seq_trim(seq.seq_id, seq.n_past)
         self.metrics.spec_drafted_tokens_total += len(drafts)

@@ -13,6 +13,21 @@ from collections.abc import Callable
 from uma_serve.core.sequence import Sequence
 
 
+class WorkloadAcceptance:
+    """Draft acceptance over every session, smoothed: where a new session's estimate starts.
+
+    A workload whose drafts are rejected (sampled prose) then does not pay an optimistic start
+    for each request, and one whose drafts agree (greedy rewrites, agents) drafts from its
+    first decoding tick.
+    """
+
+    def __init__(self, start: float = 0.7) -> None:
+        self.value = start
+
+    def observe(self, rate: float) -> None:
+        self.value = 0.1 * rate + 0.9 * self.value
+
+
 def propose_drafts(
     decoding: list[Sequence], max_draft: int, max_streams: int, n_ctx_per_seq: int
 ) -> None:
@@ -29,7 +44,13 @@ def propose_drafts(
             s.draft = s.ngrams.draft(limit)
 
 
-def verify(seq: Sequence, drafts: list[int], row: int, sample: Callable[[int], None]) -> int:
+def verify(
+    seq: Sequence,
+    drafts: list[int],
+    row: int,
+    sample: Callable[[int], None],
+    workload: WorkloadAcceptance | None = None,
+) -> int:
     """Speculative verification of [pending token, *drafts] decoded with logits on every row;
     returns how many drafts were accepted.
 
@@ -56,4 +77,6 @@ def verify(seq: Sequence, drafts: list[int], row: int, sample: Callable[[int], N
     # per-token acceptance: accepted tokens over accepted + the one rejection (if any)
     rate = accepted / (accepted + (accepted < len(drafts)))
     seq.spec_accept_ewma = 0.3 * rate + 0.7 * seq.spec_accept_ewma
+    if workload is not None:
+        workload.observe(rate)
     return accepted

@@ -6,9 +6,8 @@ token it finds the most recent *earlier* occurrence of the longest suffix n-gram
 the tokens that followed it. The engine shows that proposal in the SessionView (``draft``).
 
 ``SpeculativeDecode`` (the Plan transformer) decides whether and how much of it to verify:
-only when few streams decode (``spec_max_streams``: with more, the batch already fills the
-machine and extra rows cost more than they save), and as many tokens as the session's
-acceptance EWMA earns. A session whose drafts are mostly rejected drafts only a probe now and
+only while at most ``spec_max_streams`` streams decode, and as many tokens as the session's
+acceptance EWMA earns against what they cost every stream of the tick. A session whose drafts are mostly rejected drafts only a probe now and
 then. A decode item of ``n_tokens = 1 + k`` carries the pending token plus k drafted tokens, all
 with logits; the engine samples row by row and keeps the agreeing run (exact: see engine).
 """
@@ -29,7 +28,7 @@ from uma_serve.core.policy.state import (
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-PROBE_EVERY = 8  # ticks between probes of a session whose drafts do not pay
+PROBE_EVERY = 8  # ticks between probes when drafts do not pay (one stream's probe at a time)
 PROBE_TOKENS = 2
 
 
@@ -65,29 +64,42 @@ class NgramIndex:
 
 
 def draft_length(
-    p: float, max_draft: int, available: int, tick: int, tick_ms: float, draft_ms: float
+    p: float,
+    max_draft: int,
+    available: int,
+    tick_ms: float,
+    draft_ms: float,
+    tokens: float = 1.0,
+    probe: bool = False,
 ) -> int:
-    """Tokens to verify: the k that maximises expected tokens per ms.
+    """Tokens to verify: the k that maximises the tick's expected tokens per ms.
 
-    With per-token acceptance p (the session's EWMA), k drafted tokens yield 1 + p + ... + p^k
-    tokens in a tick of tick_ms + k x draft_ms (a drafted token costs like a decoding row: a
-    token with its logits); k = 0 yields 1 token in tick_ms. When no k > 0 pays, the session
-    only probes (a short draft every PROBE_EVERY ticks) so its estimate can recover.
+    The tick yields ``tokens`` (one per decoding stream, plus drafts already granted) in
+    tick_ms. With per-token acceptance p (the session's EWMA), k drafted tokens add
+    p + ... + p^k tokens and k x draft_ms (a drafted token costs like a decoding row: a token
+    with its logits). A draft slows every stream of the tick, so the more streams share it,
+    the better it must be accepted to pay. When no k > 0 pays, the session only probes (a
+    short draft, when ``probe``) so its estimate can recover.
     """
     limit = min(available, max_draft)
     if limit <= 0:
         return 0
-    best_k, best_rate = 0, 1.0 / max(tick_ms, 1e-3)
-    gain, term = 1.0, 1.0
+    best_k, best_rate = 0, tokens / max(tick_ms, 1e-3)
+    gain, term = tokens, 1.0
     for k in range(1, limit + 1):
         term *= p
         gain += term
         rate = gain / max(tick_ms + k * draft_ms, 1e-3)
         if rate > best_rate:
             best_k, best_rate = k, rate
-    if best_k == 0 and tick % PROBE_EVERY == 0:
+    if best_k == 0 and probe:
         return min(PROBE_TOKENS, limit)
     return best_k
+
+
+def expected_tokens(p: float, k: int) -> float:
+    """p + p^2 + ... + p^k: the tokens k drafts add on average."""
+    return sum(p**j for j in range(1, k + 1))
 
 
 class SpeculativeDecode:
@@ -101,6 +113,7 @@ class SpeculativeDecode:
         room = c.n_batch - plan.n_tokens
         cost = state.stats.cost
         tick_ms = cost.predict(plan_shape(plan.items, views))
+        tokens = float(len(decoders))  # what the tick yields before any draft
         items = []
         for item in plan.items:
             view = views[item.seq_id]
@@ -110,12 +123,17 @@ class SpeculativeDecode:
                     view.spec_accept_ewma,
                     c.spec_max_draft,
                     min(len(view.draft), room),
-                    state.stats.tick,
                     tick_ms,
                     draft_ms,
+                    tokens,
+                    # one stream's probe every PROBE_EVERY ticks, in turn: their cost stays
+                    # the same however many streams decode
+                    (state.stats.tick + item.seq_id) % (PROBE_EVERY * len(decoders)) == 0,
                 )
                 if k > 0:
                     item = replace(item, n_tokens=1 + k)
                     room -= k
+                    tokens += expected_tokens(view.spec_accept_ewma, k)
+                    tick_ms += k * draft_ms
             items.append(item)
         return replace(plan, items=tuple(items))

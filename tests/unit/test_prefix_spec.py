@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from uma_serve.core.policy import (
     BatchItem,
     Constraints,
@@ -89,13 +91,21 @@ def test_ngram_drafts_what_followed_the_last_occurrence() -> None:
 
 
 def test_draft_length_maximises_tokens_per_ms_and_probes_when_nothing_pays() -> None:
-    # a 15 ms tick, 4 ms per drafted token
-    assert draft_length(0.95, 6, 10, tick=1, tick_ms=15, draft_ms=4) == 6
-    assert draft_length(0.95, 6, 3, tick=1, tick_ms=15, draft_ms=4) == 3
-    assert 1 <= draft_length(0.6, 6, 10, tick=1, tick_ms=15, draft_ms=4) < 6
-    assert draft_length(0.2, 6, 10, tick=1, tick_ms=15, draft_ms=4) == 0
-    assert draft_length(0.2, 6, 10, tick=8, tick_ms=15, draft_ms=4) == 2
-    assert draft_length(0.9, 6, 10, tick=1, tick_ms=15, draft_ms=40) == 0  # drafts too dear
+    # a 15 ms tick, 4 ms per drafted token, one stream
+    assert draft_length(0.95, 6, 10, tick_ms=15, draft_ms=4) == 6
+    assert draft_length(0.95, 6, 3, tick_ms=15, draft_ms=4) == 3
+    assert 1 <= draft_length(0.6, 6, 10, tick_ms=15, draft_ms=4) < 6
+    assert draft_length(0.2, 6, 10, tick_ms=15, draft_ms=4) == 0
+    assert draft_length(0.2, 6, 10, tick_ms=15, draft_ms=4, probe=True) == 2
+    assert draft_length(0.9, 6, 10, tick_ms=15, draft_ms=40) == 0  # drafts too dear
+
+
+def test_a_draft_must_be_better_accepted_the_more_streams_share_the_tick() -> None:
+    # 0.35 acceptance pays for a lone stream's tick, not for four streams' (a 4 ms draft slows
+    # all four); 0.9 pays for both
+    assert draft_length(0.35, 6, 10, tick_ms=15, draft_ms=4, tokens=1) > 0
+    assert draft_length(0.35, 6, 10, tick_ms=40, draft_ms=4, tokens=4) == 0
+    assert draft_length(0.9, 6, 10, tick_ms=40, draft_ms=4, tokens=4) > 0
 
 
 def _view(seq_id: int, draft: tuple[int, ...] = (), qos: str = "interactive") -> SessionView:
@@ -126,6 +136,25 @@ def test_spec_backs_off_under_load_and_when_off() -> None:
     one = Plan(items=(BatchItem(0, Phase.DECODE, 1, True),))
     off = Constraints(n_batch=64, tick_budget_ms=1e9, spec_max_draft=0)
     assert SpeculativeDecode().apply(one, _state(views[0]), off) == one
+
+
+def test_four_streams_draft_only_what_pays_for_all_four() -> None:
+    c4 = replace(C, spec_max_streams=4)
+    plan = Plan(items=tuple(BatchItem(i, Phase.DECODE, 1, True) for i in range(4)))
+
+    def drafted(p: float, tick: int = 1) -> list[int]:
+        views = [replace(_view(i, (5, 6, 7, 8)), spec_accept_ewma=p) for i in range(4)]
+        state = SchedulerState(sessions=tuple(views), stats=EngineStats(tick=tick), now_ns=0)
+        return [i.n_tokens - 1 for i in SpeculativeDecode().apply(plan, state, c4).items]
+
+    assert all(k > 0 for k in drafted(0.95))
+    assert drafted(0.3) == [0, 0, 0, 0]
+    # a draft at 0.3 pays for a lone stream, and probes come one stream at a time
+    assert sum(k > 0 for k in drafted(0.3, tick=32)) == 1
+    one = Plan(items=(BatchItem(0, Phase.DECODE, 1, True),))
+    lone = replace(_view(0, (5, 6, 7, 8)), spec_accept_ewma=0.3)
+    state = SchedulerState(sessions=(lone,), stats=EngineStats(tick=1), now_ns=0)
+    assert SpeculativeDecode().apply(one, state, c4).items[0].n_tokens > 1
 
 
 def test_spec_is_a_pipeline_transformer() -> None:
