@@ -74,6 +74,7 @@ class EngineMetrics:
         self.bg_burst = 1
         self.prefix_cache_queries_total = 0
         self.prefix_cache_hits_total = 0
+        self.prompt_tokens_reused_total = 0  # tokens taken from a recent prompt's tokenization
         self.prefix_cache_cached_tokens_total = 0
         self.prefix_cache_resident_tokens = 0
         self.prefix_cache_entries = 0
@@ -142,6 +143,7 @@ class EngineMetrics:
             "tuner": {"bg_decoders_cap": self.bg_decoders_cap, "bg_burst": self.bg_burst},
             "prefix_cache_queries_total": self.prefix_cache_queries_total,
             "prefix_cache_hits_total": self.prefix_cache_hits_total,
+            "prompt_tokens_reused_total": self.prompt_tokens_reused_total,
             "prefix_cache_cached_tokens_total": self.prefix_cache_cached_tokens_total,
             "prefix_cache_resident_tokens": self.prefix_cache_resident_tokens,
             "prefix_cache_entries": self.prefix_cache_entries,

@@ -21,6 +21,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
+from uma_serve.core.prompt_tokens import PromptTokenizer
 from uma_serve.core.runtime import Runtime
 
 log = logging.getLogger("uma.server")
@@ -55,6 +56,7 @@ class CoreServer:
         self.runtime = runtime
         self.engine = engine
         self.chat = chat
+        self.tokenizer = PromptTokenizer(runtime)  # reuses a recent prompt's tokens
         self.connections: dict[int, Connection] = {}
         self.draining = False
         self._server: asyncio.AbstractServer | None = None
@@ -213,7 +215,8 @@ class CoreServer:
                 return p.E_PROTO, str(exc)
         else:
             text = req.prompt or ""
-        tokens = self.runtime.tokenize(text)
+        tokens = self.tokenizer.tokenize(text)
+        self.engine.metrics.prompt_tokens_reused_total = self.tokenizer.reused_tokens_total
         if not tokens:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq

@@ -106,6 +106,10 @@ COUNTERS = {
         "uma_prefix_cache_cached_tokens_total",
         "Prompt tokens whose KV came from the prefix cache instead of prefill.",
     ),
+    "prompt_tokens_reused_total": (
+        "uma_prompt_tokens_reused_total",
+        "Prompt tokens taken from a recent prompt's tokenization (not tokenized again).",
+    ),
     "prefix_cache_evictions_total": (
         "uma_prefix_cache_evictions_total",
         "Times the whole prefix cache was dropped because running sequences needed the KV.",

@@ -7,9 +7,10 @@ the tokens that followed it. The engine shows that proposal in the SessionView (
 
 ``SpeculativeDecode`` (the Plan transformer) decides whether and how much of it to verify:
 only while at most ``spec_max_streams`` streams decode, and as many tokens as the session's
-acceptance EWMA earns against what they cost every stream of the tick. A session whose drafts are mostly rejected drafts only a probe now and
-then. A decode item of ``n_tokens = 1 + k`` carries the pending token plus k drafted tokens, all
-with logits; the engine samples row by row and keeps the agreeing run (exact: see engine).
+acceptance EWMA earns against what they cost every stream of the tick. A session whose
+drafts are mostly rejected drafts only a probe now and then. A decode item of
+``n_tokens = 1 + k`` carries the pending token plus k drafted tokens, all with logits; the
+engine samples row by row and keeps the agreeing run (exact: see engine).
 """
 
 from __future__ import annotations
