@@ -28,6 +28,8 @@ MIN_REUSE_BYTES = 1024  # a shorter common beginning is not worth the bookkeepin
 RECENT = 8  # prompts remembered
 MAX_STEPS = 256  # tokens walked back from the end of the common beginning to a hard boundary
 _PROBE = ("Alpha beta, gamma.\n\n", "Delta <start_of_turn>epsilon\nzeta")
+# SPM reads a space and U+2581 alike, so a prompt holding U+2581 would throw the byte offsets off
+_SPACE_MARK = "\u2581"
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:
@@ -70,7 +72,7 @@ class PromptTokenizer:
         self._recent.clear()
 
     def tokenize(self, text: str) -> list[int]:
-        if not self.enabled:
+        if not self.enabled or _SPACE_MARK in text:
             return self._rt.tokenize(text)
         data = text.encode("utf-8")
         reused = self._reuse(data)

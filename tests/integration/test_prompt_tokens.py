@@ -41,6 +41,7 @@ PIECES = [
     "'s",
     "<b>",
     "ü",
+    "\u2581",
 ]
 texts = st.lists(st.sampled_from(PIECES), min_size=1, max_size=40).map("".join)
 
