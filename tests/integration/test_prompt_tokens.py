@@ -82,7 +82,8 @@ def test_tokens_equal_whole_tokenization(
     assert tok.tokenize(a) == runtime.tokenize(a)
     before = tok.reused_tokens_total
     assert tok.tokenize(b) == runtime.tokenize(b)
-    assert tok.reused_tokens_total > before  # b took a's tokens up to a hard boundary
+    # b took a's tokens up to a hard boundary (a prompt holding U+2581 is tokenized whole)
+    assert tok.reused_tokens_total > before or "\u2581" in a + b
     assert tok.tokenize(b + first) == runtime.tokenize(b + first)  # a growing transcript
 
 
