@@ -89,6 +89,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     for key in ("queries", "hits", "cached_tokens"):
         out[f"prefix_cache_{key}"] = m.get(f"prefix_cache_{key}_total")
     out["prefix_cache_resident_tokens"] = m.get("prefix_cache_resident_tokens")
+    out["prompt_tokens_reused"] = m.get("prompt_tokens_reused_total")  # not tokenized again
     rows = []
     for name, results in phases.items():
         t = _ttfts(results)
