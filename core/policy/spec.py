@@ -29,7 +29,10 @@ from uma_serve.core.policy.state import (
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-PROBE_EVERY = 8  # ticks between probes when drafts do not pay (one stream's probe at a time)
+PROBE_EVERY = 8  # ticks between a lone stream's probes when its drafts do not pay
+# with several streams, ticks between probes (one stream's at a time): under 1 tick in 20, so
+# the longer probe ticks stay out of the streams' inter-token p95
+PROBE_EVERY_SHARED = 32
 PROBE_TOKENS = 2
 
 
@@ -115,6 +118,8 @@ class SpeculativeDecode:
         cost = state.stats.cost
         tick_ms = cost.predict(plan_shape(plan.items, views))
         tokens = float(len(decoders))  # what the tick yields before any draft
+        # streams take turns to probe, so probing costs the same however many decode
+        probe_period = PROBE_EVERY if len(decoders) == 1 else PROBE_EVERY_SHARED * len(decoders)
         items = []
         for item in plan.items:
             view = views[item.seq_id]
@@ -127,9 +132,7 @@ class SpeculativeDecode:
                     tick_ms,
                     draft_ms,
                     tokens,
-                    # one stream's probe every PROBE_EVERY ticks, in turn: their cost stays
-                    # the same however many streams decode
-                    (state.stats.tick + item.seq_id) % (PROBE_EVERY * len(decoders)) == 0,
+                    (state.stats.tick + item.seq_id) % probe_period == 0,
                 )
                 if k > 0:
                     item = replace(item, n_tokens=1 + k)
