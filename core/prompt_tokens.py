@@ -75,13 +75,15 @@ class PromptTokenizer:
         if not self.enabled or _SPACE_MARK in text:
             return self._rt.tokenize(text)
         data = text.encode("utf-8")
+        if len(data) < MIN_REUSE_BYTES:  # too short to remember or to reuse
+            return self._rt.tokenize(text)
         reused = self._reuse(data)
         if reused is None:
             tokens = self._rt.tokenize(text, False)
             ends = self._ends(tokens, 0)
         else:
             tokens, ends = reused
-        if len(data) >= MIN_REUSE_BYTES and ends and ends[-1] == len(data):
+        if ends and ends[-1] == len(data):
             self._recent[data] = (tokens, ends)
             self._recent.move_to_end(data)
             while len(self._recent) > RECENT:
@@ -93,10 +95,9 @@ class PromptTokenizer:
         return (start + np.cumsum(self._lengths[tokens])).tolist() if tokens else []
 
     def _reuse(self, data: bytes) -> tuple[list[int], list[int]] | None:
-        if len(data) < MIN_REUSE_BYTES or not self._recent:
+        if not self._recent:
             return None
-        best = max(self._recent, key=lambda key: common_prefix_len(data, key))
-        common = common_prefix_len(data, best)
+        common, best = max((common_prefix_len(data, key), key) for key in self._recent)
         if common < MIN_REUSE_BYTES:
             return None
         tokens, ends = self._recent[best]
