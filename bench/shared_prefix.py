@@ -51,6 +51,11 @@ def _ttfts(results: list[RequestResult]) -> list[float]:
     return [r.token_ms[0] for r in results if r.ok and r.token_ms]
 
 
+def _server(results: list[RequestResult], field: str) -> list[float]:
+    values = (getattr(r, field) for r in results if r.ok)
+    return [v for v in values if v is not None]
+
+
 def _p50(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -94,6 +99,10 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     for name, results in phases.items():
         t = _ttfts(results)
         out[f"ttft_{name}_p50_ms"] = _p50(t)
+        # where the time goes (UMA's socket only): the daemon's arrival -> admission (tokenizing
+        # included) and arrival -> first token; the rest of the TTFT is the socket both ways
+        out[f"server_queue_{name}_p50_ms"] = _p50(_server(results, "server_queue_ms"))
+        out[f"server_ttft_{name}_p50_ms"] = _p50(_server(results, "server_ttft_ms"))
         rows += [[name, i, r.prompt_tokens, r.token_ms[0] if r.token_ms else None]
                  for i, r in enumerate(results)]  # fmt: skip
     out["ttft_cold_ms"] = out.pop("ttft_cold_p50_ms")

@@ -47,6 +47,9 @@ class RequestResult:
     prompt_tokens: int | None = None  # from usage
     error: str | None = None
     finish_reason: str | None = None
+    # the daemon's own account (UMA's socket target only): arrival -> admitted, -> first token
+    server_queue_ms: float | None = None
+    server_ttft_ms: float | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -117,6 +120,8 @@ class SocketTarget(Target):
                         res.completion_tokens = ev.usage.completion_tokens
                         res.prompt_tokens = ev.usage.prompt_tokens
                         res.finish_reason = ev.reason
+                        res.server_queue_ms = ev.timings.queue_ms
+                        res.server_ttft_ms = ev.timings.ttft_ms
                         if ev.reason == "error":
                             res.error = ev.detail or "error"
                     elif isinstance(ev, p.ErrorEvent):
