@@ -7,8 +7,7 @@ the tokens that followed it. The engine shows that proposal in the SessionView (
 
 ``SpeculativeDecode`` (the Plan transformer) decides whether and how much of it to verify:
 only while at most ``spec_max_streams`` streams decode, and as many tokens as the session's
-acceptance EWMA earns against what they cost every stream of the tick; never in a tick that
-ends an interactive prompt (that request waits for the whole tick). A session whose
+acceptance EWMA earns against what they cost every stream of the tick. A session whose
 drafts are mostly rejected drafts only a probe now and then. A decode item of
 ``n_tokens = 1 + k`` carries the pending token plus k drafted tokens, all with logits; the
 engine samples row by row and keeps the agreeing run (exact: see engine).
@@ -19,14 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from uma_serve.core.policy.qos import INTERACTIVE
 from uma_serve.core.policy.state import (
-    BatchItem,
     Constraints,
     Phase,
     Plan,
     SchedulerState,
-    SessionView,
     plan_shape,
     views_by_seq,
 )
@@ -116,11 +112,6 @@ def expected_tokens(p: float, k: int) -> float:
     return sum(p**j for j in range(1, k + 1))
 
 
-def first_token_of_interactive(item: BatchItem, views: dict[int, SessionView]) -> bool:
-    """The item ends an interactive prompt: its first token comes when the tick ends."""
-    return item.phase is Phase.PREFILL and item.logits and views[item.seq_id].qos == INTERACTIVE
-
-
 class SpeculativeDecode:
     def apply(self, plan: Plan, state: SchedulerState, c: Constraints) -> Plan:
         if c.spec_max_draft <= 0 or plan.empty:
@@ -129,8 +120,6 @@ class SpeculativeDecode:
         if not decoders or len(decoders) > c.spec_max_streams:
             return plan
         views = views_by_seq(state)
-        if any(first_token_of_interactive(i, views) for i in plan.items):
-            return plan  # that tick is a first token's wait: drafted rows would lengthen it
         room = c.n_batch - plan.n_tokens
         cost = state.stats.cost
         tick_ms = cost.predict(plan_shape(plan.items, views))

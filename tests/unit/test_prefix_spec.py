@@ -175,20 +175,6 @@ def test_spec_extends_a_lone_decoder_with_its_draft() -> None:
     assert shape.decode == 5 and shape.prefill == 0  # drafted rows cost like decoding rows
 
 
-def test_no_draft_in_a_tick_that_ends_an_interactive_prompt() -> None:
-    decoder = BatchItem(0, Phase.DECODE, 1, True)
-    drafter = _view(0, (5, 6, 7, 8, 9))
-
-    def drafts(prompt: BatchItem, qos: str) -> int:
-        new = replace(_view(1, qos=qos), phase=Phase.PREFILL)
-        out = SpeculativeDecode().apply(Plan(items=(decoder, prompt)), _state(drafter, new), C)
-        return out.items[0].n_tokens - 1
-
-    assert drafts(BatchItem(1, Phase.PREFILL, 20, True), "interactive") == 0  # its first token
-    assert drafts(BatchItem(1, Phase.PREFILL, 20, False), "interactive") > 0  # a middle chunk
-    assert drafts(BatchItem(1, Phase.PREFILL, 20, True), "background") > 0
-
-
 def test_spec_backs_off_under_load_and_when_off() -> None:
     views = [_view(i, (5, 6)) for i in range(3)]
     plan = Plan(items=tuple(BatchItem(i, Phase.DECODE, 1, True) for i in range(3)))
