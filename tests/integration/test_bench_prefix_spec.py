@@ -26,6 +26,10 @@ def test_shared_prefix_quick(tmp_path: Path) -> None:
     assert s["failed"] == 0
     assert s["prefix_cache_hits"] >= 8 and s["prefix_cache_cached_tokens"] > 8 * 400
     assert s["ttft_warm_seq_p50_ms"] < s["ttft_cold_ms"]
+    # the daemon's own times: admission before the first token, both inside the client's TTFT
+    for phase in ("alone_seq", "warm_seq", "warm_conc"):
+        queue, ttft = s[f"server_queue_{phase}_p50_ms"], s[f"server_ttft_{phase}_p50_ms"]
+        assert 0 < queue <= ttft <= s[f"ttft_{phase}_p50_ms"]
     assert (tmp_path / "sp" / "ttft.csv").exists()
 
 
