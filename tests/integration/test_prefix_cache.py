@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,12 +42,48 @@ SYS_B = system_prompt("Bea")
 # Copying questions: their answers are clear-cut (no near-ties between the top two tokens), so
 # the comparison does not hinge on the last bits of the logits. In a unified KV cache those bits
 # depend on which other cells are resident, cache or not (docs/MEMORY.md); a reused KV that
-# is wrong (e.g. SWA cells recycled) derails the copy.
+# is wrong (e.g. SWA cells recycled) derails the copy. Past the quote a near tie can come up:
+# see agree().
 QUESTIONS = [
     f"Question {i}: quote rule {i + 1} word for word.\nAnswer: {' '.join(FACTS[i].split()[:3])}"
     for i in range(8)
 ]
 MAX_TOKENS = 12
+NEAR_TIE = 1.0  # nats: how far a logit moves with where its sequence's cells sit in the KV
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    tokens: list[int]
+    margins: list[float]  # per step: log-probability of the greedy token minus the runner-up's
+
+
+def agree(got: list[Answer], want: list[Answer]) -> bool:
+    """Same greedy tokens, up to a step where both runs had their two best tokens nearly tied
+    (margins summing to less than NEAR_TIE). There the last bits of the logits decide, and
+    those move with the batch and the KV layout, cache or not: on an AVX-512 Xeon four
+    concurrent requests without any cache ended one quote differently from the same four run
+    one at a time. Past such a step the texts may part; a wrong KV flips a clear-cut token."""
+    for a, b in zip(got, want, strict=True):
+        pairs = zip(a.tokens, b.tokens, strict=True)  # ignore_eos: as many tokens each
+        split = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+        if split is not None and a.margins[split] + b.margins[split] >= NEAR_TIE:
+            return False
+    return True
+
+
+def answer(done: p.Event) -> Answer:
+    assert isinstance(done, p.CompletionEvent) and done.logprobs is not None, done
+    return Answer(
+        done.text,
+        [lp.token.token_id for lp in done.logprobs],
+        [lp.top[0].logprob - lp.top[1].logprob for lp in done.logprobs],
+    )
+
+
+def request(prompt: str) -> p.Generate:
+    return gen(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, stream=False, logprobs=2)
 
 
 def _daemon(tmp: str, *extra: str) -> Daemon:
@@ -72,21 +109,18 @@ def plain() -> Iterator[Daemon]:
         d.stop()
 
 
-def complete(d: Daemon, prompt: str) -> str:
+def complete(d: Daemon, prompt: str) -> Answer:
     with d.client() as c:
-        done = c.complete(gen(prompt, max_tokens=MAX_TOKENS, ignore_eos=True, stream=False))
-    assert isinstance(done, p.CompletionEvent), done
-    return done.text
+        return answer(c.complete(request(prompt)))
 
 
-async def _concurrent(d: Daemon, prompts: list[str]) -> list[str]:
+async def _concurrent(d: Daemon, prompts: list[str]) -> list[Answer]:
     client = await AsyncUmaClient.connect(d.socket)
     try:
-        reqs = [gen(q, max_tokens=MAX_TOKENS, ignore_eos=True, stream=False) for q in prompts]
-        done = await asyncio.gather(*(client.complete(r) for r in reqs))
+        done = await asyncio.gather(*(client.complete(request(q)) for q in prompts))
     finally:
         await client.close()
-    return [e.text for e in done]  # type: ignore[union-attr]
+    return [answer(e) for e in done]
 
 
 def test_later_request_reuses_the_prefix(cached: Daemon, plain: Daemon) -> None:
@@ -98,7 +132,7 @@ def test_later_request_reuses_the_prefix(cached: Daemon, plain: Daemon) -> None:
     reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
     assert reused > 512  # beyond the sliding window
     assert after["prefix_cache_resident_tokens"] > 0
-    assert warm == complete(plain, SYS_A + QUESTIONS[1])
+    assert agree([warm], [complete(plain, SYS_A + QUESTIONS[1])])
 
 
 def test_four_concurrent_requests_share_the_prefix(cached: Daemon, plain: Daemon) -> None:
@@ -107,7 +141,8 @@ def test_four_concurrent_requests_share_the_prefix(cached: Daemon, plain: Daemon
     before = cached.metrics()["prefix_cache_hits_total"]
     got = asyncio.run(_concurrent(cached, prompts))
     assert cached.metrics()["prefix_cache_hits_total"] >= before + 4
-    assert got == [complete(plain, q) for q in prompts]
+    want = [complete(plain, q) for q in prompts]
+    assert agree(got, want), (got, want)
 
 
 def test_eviction_under_a_small_budget_keeps_outputs_right(cached: Daemon, plain: Daemon) -> None:
@@ -115,7 +150,8 @@ def test_eviction_under_a_small_budget_keeps_outputs_right(cached: Daemon, plain
     got = [complete(cached, q) for q in order]
     m = cached.metrics()
     assert m["prefix_cache_resident_tokens"] <= 1400
-    assert got == [complete(plain, q) for q in order]
+    want = [complete(plain, q) for q in order]
+    assert agree(got, want), (got, want)
 
 
 def test_a_cancelled_requests_prefix_stays_usable(cached: Daemon, plain: Daemon) -> None:
@@ -131,11 +167,11 @@ def test_a_cancelled_requests_prefix_stays_usable(cached: Daemon, plain: Daemon)
                 assert event.reason in ("cancelled", "length")
                 break
     before = cached.metrics()
-    text = complete(cached, sys_c + QUESTIONS[3])
+    warm = complete(cached, sys_c + QUESTIONS[3])
     after = cached.metrics()
     reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
     assert reused > 512
-    assert text == complete(plain, sys_c + QUESTIONS[3])
+    assert agree([warm], [complete(plain, sys_c + QUESTIONS[3])])
 
 
 def test_pinned_prefix_is_restored_after_a_restart(plain: Daemon, tmp_path: Path) -> None:
@@ -155,7 +191,7 @@ def test_pinned_prefix_is_restored_after_a_restart(plain: Daemon, tmp_path: Path
             d.stop()
         logs.append(d.log())
     assert "computed" in logs[0] and "loaded" in logs[1]
-    assert outputs[0] == outputs[1] == complete(plain, sys_d + QUESTIONS[2])
+    assert agree(outputs, [outputs[1], complete(plain, sys_d + QUESTIONS[2])])
 
 
 def test_concurrent_requests_share_a_prefix_still_being_computed(
@@ -173,4 +209,5 @@ def test_concurrent_requests_share_a_prefix_still_being_computed(
     assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] >= 3
     reused = after["prefix_cache_cached_tokens_total"] - before["prefix_cache_cached_tokens_total"]
     assert reused > 3 * 512
-    assert got == [complete(plain, q) for q in prompts]
+    want = [complete(plain, q) for q in prompts]
+    assert agree(got, want), (got, want)
