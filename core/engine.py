@@ -14,13 +14,13 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from uma_serve.core import protocol as p
 from uma_serve.core.admission import AdmissionQueue
-from uma_serve.core.inbox import Inbox
+from uma_serve.core.inbox import Inbox, Submission
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import Constraints, IBatchPolicy, Phase, Plan, SchedulerState
+from uma_serve.core.policy import BatchItem, Constraints, IBatchPolicy, Phase, Plan, SchedulerState
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.prefix_store import PrefixStore
@@ -36,14 +36,6 @@ log = logging.getLogger("uma.engine")
 Outgoing = tuple[int, p.Event]  # (connection id, event)
 ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 Sink = Callable[[list[Outgoing]], None]
-
-
-@dataclass(frozen=True)
-class Submission:
-    key: RequestKey
-    request: p.Generate
-    prompt: list[int]
-    arrival_ns: int
 
 
 class Engine:
@@ -84,6 +76,7 @@ class Engine:
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._max_prefill: int | None = None
         self._out: list[Outgoing] = []
+        self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
         self._last_interactive_ns = 0  # when an interactive request last ran or waited
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
@@ -129,18 +122,17 @@ class Engine:
                         self.step()
                     except Exception:  # a bug costs the running requests, not the daemon
                         log.exception("tick failed: ending the running requests")
-                        self._fail_running("internal error in the engine tick")
+                        now = time.monotonic_ns()
+                        for seq in list(self._running.values()):
+                            self._fail(seq, p.E_RUNTIME, "internal error in the engine tick", now)
+                if not self._running:
+                    self._release_ended()  # idle: nothing to overlap it with
                 if not (self._overlap and self._running):  # else the next tick flushes
                     self._flush()
         except Exception:
             log.exception("engine thread crashed")
             self._drain("engine failure", reason="error")
             raise
-
-    def _fail_running(self, message: str) -> None:
-        now = time.monotonic_ns()
-        for seq in list(self._running.values()):
-            self._fail(seq, p.E_RUNTIME, message, now)
 
     def _apply(self, ops: list[tuple[str, object]]) -> None:
         for op, arg in ops:
@@ -172,6 +164,8 @@ class Engine:
         return self._prefix.holder(self._running.values()) if self._prefix else None
 
     def _admit(self) -> None:
+        if self._ended and len(self._queue):  # a waiting request may need their ids or KV
+            self._release_ended()
         now = time.monotonic_ns()
         while (seq := self._queue.admit(self._hold())) is not None:
             seq.admitted_ns = seq.last_progress_ns = now
@@ -210,9 +204,7 @@ class Engine:
         if plan.empty:
             self._flush()
             return
-        spans = [
-            self._span(item.seq_id, item.phase, item.n_tokens, item.logits) for item in plan.items
-        ]
+        spans = [self._span(item) for item in plan.items]
         t0 = time.perf_counter()
         self._learner.tick_started(t0)
         # no interactive request runs or waits: an interactive arrival may stop this tick
@@ -222,13 +214,14 @@ class Engine:
         rc, rows = self.runtime.decode(spans)
         if abortable:
             self._inbox.close_abort_window()
+        released_s = self._release_ended()  # on a GPU the decode is still running
         if self._overlap:
             self._flush()  # the previous tick's events, while the device computes this one
         self.runtime.synchronize()  # the tick's time includes the device's work
-        ms = (time.perf_counter() - t0) * 1e3
+        ms = (time.perf_counter() - t0 - released_s) * 1e3  # the tick's own time
         self._learner.tick_decoded(t0, ms)
         if rc != 0:
-            self._decode_failed(rc, plan, spans)
+            self._decode_failed(rc, plan, spans, freed=released_s > 0)
             return
         self._record_tick(ms, plan, state)
         now = time.monotonic_ns()
@@ -261,14 +254,14 @@ class Engine:
             self._verify(seq, drafts, row, now)
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
 
-    def _span(self, seq_id: int, phase: Phase, n: int, logits: bool) -> Span:
-        seq = self._running[seq_id]
-        if phase is Phase.DECODE:
+    def _span(self, item: BatchItem) -> Span:
+        seq, n = self._running[item.seq_id], item.n_tokens
+        if item.phase is Phase.DECODE:
             assert seq.next_token is not None
             tokens = [seq.next_token, *seq.draft[: n - 1]]
-            return Span(seq_id, seq.n_past, tokens, True, all_logits=len(tokens) > 1)
-        tokens = seq.prompt[seq.n_past : seq.n_past + n]
-        return Span(seq_id, seq.n_past, tokens, logits and seq.n_past + n == len(seq.prompt))
+            return Span(seq.seq_id, seq.n_past, tokens, True, all_logits=len(tokens) > 1)
+        last = item.logits and seq.n_past + n == len(seq.prompt)
+        return Span(seq.seq_id, seq.n_past, seq.prompt[seq.n_past : seq.n_past + n], last)
 
     def _verify(self, seq: Sequence, drafts: list[int], row: int, now: int) -> None:
         accepted = verify(seq, drafts, row, lambda r: self._on_logits(seq, r, now), self._accept)
@@ -280,13 +273,15 @@ class Engine:
     def _record_tick(self, ms: float, plan: Plan, state: SchedulerState) -> None:
         self._learner.record(ms, plan, state, self.metrics)
         if self._max_prefill is not None:  # recover gradually after a failed decode
-            self._max_prefill *= 2
-            if self._max_prefill >= self.constraints.n_batch:
-                self._max_prefill = None
+            doubled = self._max_prefill * 2
+            self._max_prefill = doubled if doubled < self.constraints.n_batch else None
 
-    def _decode_failed(self, rc: int, plan: Plan, spans: list[Span]) -> None:
+    def _decode_failed(self, rc: int, plan: Plan, spans: list[Span], freed: bool) -> None:
         for span in spans:  # undo whatever part of the batch reached the cache
             self.runtime.seq_trim(span.seq_id, span.pos)
+        if rc == 1 and freed:  # finished sequences' KV was freed after it: the tick is retried
+            self._learner.idle()
+            return
         if rc == ABORTED:  # an interactive request arrived: it is admitted next tick
             self.metrics.ticks_aborted_total += 1
             self._learner.idle()  # the aborted tick's time teaches nothing
@@ -299,12 +294,8 @@ class Engine:
         n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
         now = time.monotonic_ns()
         if rc == 1 and n_prefill > 1:
-            self._max_prefill = max(n_prefill // 2, 1)
-            log.warning(
-                "no KV slot for %d tokens: shrinking prefill to %d",
-                plan.n_tokens,
-                self._max_prefill,
-            )
+            self._max_prefill = half = max(n_prefill // 2, 1)
+            log.warning("no KV slot for %d tokens: shrinking prefill to %d", plan.n_tokens, half)
             return
         if rc == 1:  # decode alone does not fit: the longest sequence gives way
             victim = max(self._running.values(), key=lambda s: s.n_past)
@@ -349,9 +340,7 @@ class Engine:
             if seq.ngrams is not None:
                 seq.ngrams.append(token)
 
-    def _emit_text(
-        self, seq: Sequence, text: str, token: int, lp: p.Logprobs | None = None
-    ) -> None:
+    def _emit_text(self, seq: Sequence, text: str, token: int, lp: p.Logprobs | None) -> None:
         event = seq.token_event(text, token, lp)
         if event is not None:
             self._out.append((seq.conn_id, event))
@@ -369,15 +358,10 @@ class Engine:
         token: int = -1,
         send: bool = True,
     ) -> None:
-        if reason == "stop":
-            rest = seq.text.flush()
-            if rest:
-                self._emit_text(seq, rest, token)
+        if reason == "stop" and (rest := seq.text.flush()):
+            self._emit_text(seq, rest, token, None)
         if seq.seq_id >= 0 and self._running.pop(seq.seq_id, None) is seq:
-            if self._prefix is not None and reason != "error" and seq.n_past > 0:
-                self._prefix.store(seq)
-            self.runtime.seq_clear(seq.seq_id)
-            self._queue.release(seq.seq_id)
+            self._ended.append((seq, reason))
         self._samplers.release(seq.seq_id, seq.sampler)
         self.metrics.requests_total[reason] += 1
         self.metrics.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
@@ -385,6 +369,20 @@ class Engine:
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
         if send:
             self._out.append((seq.conn_id, seq.final_event(reason, now, detail)))
+
+    def _release_ended(self) -> float:
+        """Cache finished sequences' prefixes, free their KV and ids; the seconds it took. Run
+        at the next decode's launch (a GPU computes meanwhile) or for an admission needing them."""
+        if not self._ended:
+            return 0.0
+        t0 = time.perf_counter()
+        for seq, reason in self._ended:
+            if self._prefix is not None and reason != "error" and seq.n_past > 0:
+                self._prefix.store(seq)
+            self.runtime.seq_clear(seq.seq_id)
+            self._queue.release(seq.seq_id)
+        self._ended.clear()
+        return time.perf_counter() - t0
 
     def _flush(self) -> None:
         if self._out:
@@ -395,6 +393,7 @@ class Engine:
         now = time.monotonic_ns()
         for seq in list(self._queue.waiting) + list(self._running.values()):
             self._finish(seq, reason, now, detail)
+        self._release_ended()
         self._queue.waiting.clear()
         self.metrics.waiting_sessions = 0
         self._flush()

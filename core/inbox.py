@@ -13,6 +13,20 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from uma_serve.core import protocol as p
+from uma_serve.core.sequence import RequestKey
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A request as the I/O thread hands it over: tokenized, stamped on arrival."""
+
+    key: RequestKey
+    request: p.Generate
+    prompt: list[int]
+    arrival_ns: int
 
 
 class Inbox:

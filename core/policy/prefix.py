@@ -37,8 +37,13 @@ def block_hashes(tokens: Sequence[int], n_blocks: int | None = None) -> list[int
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Length of the common beginning of ``a`` and ``b`` (from ``start``, assumed equal before).
+    Compared a block of slices at a time: a token-by-token Python loop over a 1,500-token
+    system prompt costs ~0.1 ms, and the engine runs several per request on the tick's path."""
     n = min(len(a), len(b))
     i = start
+    while i + BLOCK <= n and a[i : i + BLOCK] == b[i : i + BLOCK]:
+        i += BLOCK
     while i < n and a[i] == b[i]:
         i += 1
     return i
@@ -133,7 +138,7 @@ class PrefixIndex:
         for e in list(self.entries.values()):
             if e.pinned:
                 continue
-            if len(e) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e):
+            if len(e) <= len(tokens) and e.tokens == tokens[: len(e)]:
                 if e.cache_id == parent:
                     parent, shared = e.parent, min(shared, e.shared) if e.parent is not None else 0
                 evict.append(self._remove(e.cache_id))

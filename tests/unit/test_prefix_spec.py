@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from uma_serve.core.policy import (
     BatchItem,
     Constraints,
@@ -15,7 +18,7 @@ from uma_serve.core.policy import (
     plan_shape,
 )
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.prefix import BLOCK, PrefixIndex
+from uma_serve.core.policy.prefix import BLOCK, PrefixIndex, common_prefix
 from uma_serve.core.policy.spec import NgramIndex, SpeculativeDecode, draft_length
 
 SYS = list(range(1000, 1000 + 3 * BLOCK + 5))  # a shared "system prompt"
@@ -79,6 +82,29 @@ def test_too_short_or_too_long_is_not_stored() -> None:
     idx = PrefixIndex([10], budget_tokens=100)
     assert idx.plan_store([1, 2, 3], None, 0).entry is None
     assert idx.plan_store(list(range(200)), None, 0).entry is None
+
+
+def _naive_common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@given(
+    st.lists(st.integers(0, 2), max_size=3 * BLOCK),
+    st.integers(0, 3 * BLOCK + 5),
+    st.lists(st.integers(0, 2), max_size=BLOCK + 3),
+)
+def test_common_prefix_compares_by_blocks_as_token_by_token(
+    head: list[int], cut: int, tail: list[int]
+) -> None:
+    a = head + tail
+    b = head[:cut] + [7] + head[cut:]  # differs at cut (if cut is inside head)
+    for x, y in ((a, b), (a, head), (head, a), (a, a), (a, tuple(b))):
+        want = _naive_common_prefix(list(x), list(y))
+        assert common_prefix(x, y) == want
+        assert common_prefix(x, y, min(want, 5)) == want  # from a known-equal start
 
 
 def test_ngram_drafts_what_followed_the_last_occurrence() -> None:
