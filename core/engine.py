@@ -279,14 +279,14 @@ class Engine:
     def _decode_failed(self, rc: int, plan: Plan, spans: list[Span], freed: bool) -> None:
         for span in spans:  # undo whatever part of the batch reached the cache
             self.runtime.seq_trim(span.seq_id, span.pos)
-        if rc == 1 and freed:  # finished sequences' KV was freed after it: the tick is retried
-            self._learner.idle()
-            return
         if rc == ABORTED:  # an interactive request arrived: it is admitted next tick
             self.metrics.ticks_aborted_total += 1
             self._learner.idle()  # the aborted tick's time teaches nothing
             return
         self.metrics.decode_failures_total += 1
+        if rc == 1 and freed:  # finished sequences' KV was freed after it: the tick is retried
+            self._learner.idle()
+            return
         self._learner.decode_failed()
         if rc == 1 and self._prefix is not None and self._prefix.evict_all():
             log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)

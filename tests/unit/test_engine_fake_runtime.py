@@ -186,3 +186,67 @@ def test_compute_threads_run_at_a_raised_nice_value() -> None:
     finally:
         engine.stop("test over")
         engine.join(5)
+
+
+class TightRuntime(FakeRuntime):
+    """KV for ``capacity`` positions in all: a decode that does not fit returns 1 and stores
+    nothing. Records the order of decodes and clears."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(n_seq=2)
+        self.capacity = capacity
+        self.held: dict[int, int] = {}  # seq_id -> positions with KV
+        self.log: list[str] = []
+
+    def decode(self, spans):
+        if sum(self.held.values()) + sum(len(s.tokens) for s in spans) > self.capacity:
+            self.log.append("decode: no slot")
+            return 1, []
+        for s in spans:
+            self.held[s.seq_id] = s.pos + len(s.tokens)
+        self.log.append("decode " + " ".join(str(s.seq_id) for s in spans))
+        return super().decode(spans)
+
+    def seq_clear(self, seq_id: int) -> None:
+        if self.held.pop(seq_id, 0):
+            self.log.append(f"clear {seq_id}")
+
+    def seq_trim(self, seq_id: int, from_pos: int) -> None:
+        if seq_id in self.held:
+            self.held[seq_id] = min(self.held[seq_id], from_pos)
+
+
+def test_an_ended_sequence_keeps_its_kv_until_the_next_decode_and_a_full_one_is_retried() -> None:
+    """A finished sequence's KV is freed just after the next llama_decode returns (on a GPU
+    while the device computes), not in the tick it ended. When that decode found no slot only
+    because the finished sequence still held its cells, the tick is retried: both requests
+    complete, nothing is evicted or failed."""
+    events: list[tuple[int, p.Event]] = []
+    done = threading.Event()
+
+    def sink(batch):
+        events.extend(batch)
+        if sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in events) == 2:
+            done.set()
+
+    runtime = TightRuntime(capacity=8)  # prompts of 3 + 3, a decode each, then one too many
+    engine = Engine(runtime, BaselinePolicy(), Constraints(n_batch=64, tick_budget_ms=50.0), sink)
+    short = p.Generate(id="a", prompt="x", max_tokens=2, ignore_eos=True)
+    long = p.Generate(id="b", prompt="x", max_tokens=5, ignore_eos=True)
+    for r in (short, long):
+        engine.submit(Submission((1, r.id), r, [1, 2, 3], 0))
+    engine.start()
+    assert done.wait(10), f"engine stalled; {runtime.log}"
+    engine.stop("test over")
+    engine.join(5)
+    ends = {e.id: e for _, e in events if isinstance(e, p.EosEvent)}
+    assert ends["a"].usage.completion_tokens == 2 and ends["b"].usage.completion_tokens == 5
+    assert ends["b"].reason == "length"
+    # a ends with its second token (tick 2) and keeps its cells through tick 3's decode, which
+    # finds no slot; a's cells go right after it, and the retried tick fits
+    first, second, failed, cleared, retried = runtime.log[:5]
+    assert first == second and len(first.split()) == 3, runtime.log  # both prompts, both decode
+    assert failed == "decode: no slot" and cleared.startswith("clear "), runtime.log
+    a_id = cleared.split()[1]
+    assert retried == "decode " + next(i for i in first.split()[1:] if i != a_id), runtime.log
+    assert engine.metrics.decode_failures_total == 1
