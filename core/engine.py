@@ -376,12 +376,12 @@ class Engine:
         if not self._ended:
             return 0.0
         t0 = time.perf_counter()
-        for seq, reason in self._ended:
+        ended, self._ended = self._ended, []  # taken first: a failure is not met again
+        for seq, reason in ended:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
                 self._prefix.store(seq)
             self.runtime.seq_clear(seq.seq_id)
             self._queue.release(seq.seq_id)
-        self._ended.clear()
         return time.perf_counter() - t0
 
     def _flush(self) -> None:
