@@ -9,8 +9,10 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, builtin_template
@@ -24,15 +26,17 @@ from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
 
 log = logging.getLogger("uma.daemon")
+T = TypeVar("T")
 
 
-def startup_thread() -> ThreadPoolExecutor:
-    """A one-thread pool for start-up decodes (warm-up, a pinned prefix), gone when the block
-    ends. llama.cpp's CPU backend runs a decode on an OpenMP team of the calling thread, and
-    the team lives as long as that thread. A team left by the main thread beside the engine
+def on_passing_thread(work: Callable[..., T], *args: object) -> T:
+    """Run a start-up decode (warm-up, a pinned prefix) on a thread that exits afterwards.
+    llama.cpp's CPU backend runs a decode on an OpenMP team of the calling thread, and the
+    team lives as long as that thread. A team left by the main thread beside the engine
     thread's made libgomp throttle its spin-waits (more threads than cores): each decode of the
     engine's was half as slow again (4 streams, 2-core Xeon: 30.9 -> 46.2 ms)."""
-    return ThreadPoolExecutor(1, thread_name_prefix="uma-startup")
+    with ThreadPoolExecutor(1, thread_name_prefix="uma-startup") as pool:
+        return pool.submit(work, *args).result()
 
 
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
@@ -61,9 +65,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
         )
     )
-    # start-up decodes run on a thread that then exits: see startup_thread
-    with startup_thread() as startup:
-        startup.submit(runtime.warm_up).result()
+    on_passing_thread(runtime.warm_up)
     names = [n.strip() for n in config.policy.split(",") if n.strip()]
     facts = runtime.model_facts()
     guarded = "latency" in names
@@ -107,8 +109,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()
         kv_path = f"{config.pin_prefix}.{Path(runtime.model_path).stem}.kv"
-        with startup_thread() as startup:
-            status = startup.submit(engine.pin_prefix, runtime.tokenize(text), kv_path).result()
+        status = on_passing_thread(engine.pin_prefix, runtime.tokenize(text), kv_path)
         log.info("pinned prefix %s: %s (%s)", config.pin_prefix, status, kv_path)
     template = runtime.chat_template or builtin_template(runtime.architecture)
     chat = ChatTemplate(template) if template else None
