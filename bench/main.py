@@ -21,6 +21,7 @@ SCENARIOS: dict[str, str] = {
     "peers": "peers",
     "shared-prefix": "shared_prefix",
     "repetitive": "repetitive",
+    "warm-floor": "warm_floor",
 }
 
 

@@ -52,3 +52,18 @@ class Span:
     tokens: list[int]
     logits: bool  # logits for the span's last token
     all_logits: bool = False  # logits for every token (speculative verification)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What one token's arithmetic is made of (bench warm-floor)."""
+
+    n_params: int
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    head_k: int
+    head_v: int
+    n_swa: int  # sliding window (positions); 0: every layer attends to all
+    swa_layers: int  # layers that attend within the window only

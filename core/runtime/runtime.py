@@ -13,7 +13,7 @@ import numpy as np
 
 from uma_serve.core.policy.state import ModelFacts
 from uma_serve.core.runtime.chain import Sampler
-from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime.params import ModelShape, RuntimeParams, SamplingParams, Span
 
 WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
@@ -174,6 +174,24 @@ class Runtime:
             kv_bytes_per_cell=n_layer * n_head_kv * (k_len + v_len) * 2,
             n_expert=self._meta_int("expert_count"),
             n_expert_used=self._meta_int("expert_used_count"),
+        )
+
+    def model_shape(self) -> ModelShape:
+        n_layer, n_head = ll.llama_model_n_layer(self.model), ll.llama_model_n_head(self.model)
+        n_embd, n_swa = ll.llama_model_n_embd(self.model), ll.llama_model_n_swa(self.model)
+        head_k = self._meta_int("attention.key_length") or n_embd // n_head
+        # llama.cpp's Gemma 3 (its GGUFs carry no pattern): every 6th layer attends to all
+        swa = n_layer - n_layer // 6 if n_swa and self.architecture == "gemma3" else 0
+        return ModelShape(
+            n_params=ll.llama_model_n_params(self.model),
+            n_vocab=self.n_vocab,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            head_k=head_k,
+            head_v=self._meta_int("attention.value_length") or head_k,
+            n_swa=n_swa if swa else 0,
+            swa_layers=swa,
         )
 
     def _chat_template(self) -> str | None:

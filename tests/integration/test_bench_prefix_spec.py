@@ -37,3 +37,17 @@ def test_repetitive_quick(tmp_path: Path) -> None:
     s = run_bench(tmp_path / "rep", "repetitive")
     assert s["failed"] == 0 and s["identical_text"] is True
     assert s["spec_on"]["decode_tok_per_s"] > 0 and s["spec_off"]["decode_tok_per_s"] > 0
+
+
+def test_warm_floor(tmp_path: Path) -> None:
+    """In-process, no daemon: both prefills run and the model's shape is read from the GGUF."""
+    args = ["warm-floor", "--rounds", "2", "--system-tokens", "600", "--out", str(tmp_path)]
+    proc = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    s = json.loads(next(tmp_path.glob("warm-floor-*/summary.json")).read_text())
+    assert s["cached_tokens"] > 400 and s["question_tokens"] > 10
+    shape = s["shape"]  # Gemma 3 270M: 18 layers, every 6th global, a 512-position window
+    assert (shape["n_layer"], shape["swa_layers"], shape["n_swa"]) == (18, 15, 512)
+    assert shape["n_params"] > shape["n_vocab"] * shape["n_embd"]
+    assert s["macs_extra"] > 0 and s["floor_arithmetic"] > 1.0
+    assert len(s["decode_warm_ms"]) == 2 and min(s["decode_alone_ms"] + s["decode_warm_ms"]) > 0

@@ -1,0 +1,127 @@
+"""warm-floor: the least a cached prefix costs a question, by arithmetic and by llama_decode.
+
+A question after a cached system prompt prefills only its own tokens, but each of them attends
+to the cached positions (all of them in a global layer, the last n_swa in a sliding-window
+one): work that the question alone does not do. This scenario counts that work in
+multiply-adds next to the question's own (its matmuls and its one row of logits), and times
+both prefills in-process with the daemon's cache layout (swa_full, shadow ids, the prefix
+copied by seq_cp), with no daemon, socket or sampling. `shared-prefix`'s warm / alone ratio
+reads against these two: the first is the model's floor, the second llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from uma_serve.bench.shared_prefix import question, system_prompt
+from uma_serve.bench.workloads import Workload
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--system-tokens", type=int, default=1500, help="cached prefix (approx.)")
+    ap.add_argument("--rounds", type=int, default=7, help="alone / warm pairs (medians)")
+    ap.add_argument("--model", help="GGUF path (default: the embedded model)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
+
+
+def macs(shape, cached: int, n_question: int) -> tuple[int, int]:
+    """(multiply-adds of the question alone, those its tokens add after ``cached`` positions).
+
+    Alone: every token through the weights (the embedding table is a lookup), attention over
+    its own earlier tokens, one row of logits (the LM head, tied to the embedding here)."""
+    per_pos = shape.n_head * (shape.head_k + shape.head_v)  # one query, one position, one layer
+    n_global = shape.n_layer - shape.swa_layers
+    weights = shape.n_params - shape.n_vocab * shape.n_embd
+    own = sum(j + 1 for j in range(n_question)) * per_pos * shape.n_layer
+    alone = n_question * weights + own + shape.n_vocab * shape.n_embd
+    extra = 0
+    for j in range(n_question):
+        in_window = min(cached, max(0, shape.n_swa - 1 - j)) if shape.swa_layers else 0
+        extra += per_pos * (n_global * cached + shape.swa_layers * in_window)
+    return alone, extra
+
+
+def run(args: argparse.Namespace) -> int:
+    from uma_serve.core.config import default_model_path
+    from uma_serve.core.runtime import Runtime, RuntimeParams, Span
+
+    model = args.model or default_model_path()
+    rt = Runtime(
+        RuntimeParams(
+            model,
+            n_ctx=args.n_ctx,
+            n_seq=4,
+            n_seq_cache=8,
+            swa_full=True,
+            shadow=True,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+        )
+    )
+    wl = Workload(args.seed)
+    prefix = rt.tokenize(system_prompt(wl, args.system_tokens))
+    texts = [question(wl, i) for i in range(args.rounds + 1)]
+    questions = [rt.tokenize(t, add_special=False) for t in texts]
+    cache_id, alone_id, warm_id = rt.params.n_seq, 1, 2  # the cache's first id holds the prefix
+    for start in range(0, len(prefix), rt.n_batch):
+        rc, _ = rt.decode([Span(cache_id, start, prefix[start : start + rt.n_batch], False)])
+        assert rc == 0, rc
+
+    def timed(spans: list) -> float:
+        t0 = time.perf_counter()
+        rc, _ = rt.decode(spans)
+        rt.synchronize()
+        assert rc == 0, rc
+        return (time.perf_counter() - t0) * 1e3
+
+    alone, warm = [], []
+    for i, q in enumerate(questions):  # the first pair warms up and is not counted
+        rt.seq_clear(alone_id)
+        rt.seq_clear(warm_id)
+        a = timed([Span(alone_id, 0, rt.tokenize(texts[i]), True)])  # with BOS
+        rt.seq_copy(cache_id, warm_id, len(prefix))
+        w = timed([Span(warm_id, len(prefix), q, True)])
+        if i:
+            alone.append(a)
+            warm.append(w)
+    shape = rt.model_shape()
+    rt.close()
+    n_q = round(statistics.mean(len(q) for q in questions))
+    m_alone, m_extra = macs(shape, len(prefix), n_q)
+    a, w = statistics.median(alone), statistics.median(warm)
+    summary = {
+        "scenario": "warm-floor",
+        "model": Path(model).name,
+        "n_gpu_layers": args.n_gpu_layers,
+        "cached_tokens": len(prefix),
+        "question_tokens": n_q,
+        "shape": shape.__dict__,
+        "macs_alone": m_alone,
+        "macs_extra": m_extra,
+        "floor_arithmetic": (m_alone + m_extra) / m_alone,
+        "decode_alone_ms": alone,
+        "decode_warm_ms": warm,
+        "decode_alone_p50_ms": a,
+        "decode_warm_p50_ms": w,
+        "floor_llama_decode": w / a,
+    }
+    out = Path(args.out) / time.strftime("warm-floor-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(
+        f"warm-floor: {len(prefix)} cached tokens, {n_q}-token question\n"
+        f"  arithmetic: alone {m_alone / 1e6:,.0f}M multiply-adds, the cached positions add "
+        f"{m_extra / 1e6:,.0f}M: warm / alone >= {summary['floor_arithmetic']:.3f}\n"
+        f"  llama_decode (median of {len(alone)}): alone {a:.2f} ms, warm {w:.2f} ms: "
+        f"warm / alone {summary['floor_llama_decode']:.3f}\n"
+        f"summary: {out / 'summary.json'}"
+    )
+    return 0
