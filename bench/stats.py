@@ -61,6 +61,14 @@ def worst_pause(token_ms: Sequence[float], window_ms: float = 3000.0) -> float |
     return max(inside)
 
 
+def slow_share(streams: Iterable[Sequence[float]], over_ms: float, skip: int = 0) -> float | None:
+    """Share of the streams' gaps longer than over_ms, each stream's first ``skip`` gaps left
+    out. A p95 says where the 95th percentile falls; this says how many gaps are slow, which
+    compares two phases even when the p95 sits on the edge of a cluster of slow gaps."""
+    pooled = [g for token_ms in streams for g in gaps(token_ms)[skip:]]
+    return round(sum(g > over_ms for g in pooled) / len(pooled), 4) if pooled else None
+
+
 def tpot(token_ms: Sequence[float], n_tokens: int) -> float | None:
     if not token_ms or n_tokens < 2:
         return None

@@ -11,7 +11,7 @@ import time
 
 from uma_serve.bench import common, solo
 from uma_serve.bench.report import TOKEN_HEADER, RunDir, plot_gaps, token_rows
-from uma_serve.bench.stats import ratio
+from uma_serve.bench.stats import ratio, slow_share
 from uma_serve.bench.targets import RequestResult, RequestSpec, Target
 from uma_serve.bench.workloads import Workload
 
@@ -127,6 +127,7 @@ def report(target, run, base, base_dt, inter, bg, dt, t_start, title) -> dict:
         "solo": b,
         "interactive": i,
         "ratio_to_solo": {key: ratio(i[key], b[key]) for key in RATIO_KEYS},
+        "slow_gaps": slow_gaps(base, inter, b["itl_p50_ms"]),
         "background": {
             "completed": len(done),
             "failed": len(bg) - len(done),
@@ -138,6 +139,22 @@ def report(target, run, base, base_dt, inter, bg, dt, t_start, title) -> dict:
         "failed": b["failed"] + i["failed"] + len(bg) - len(done),
         "errors": common.errors(base + inter + bg),
     }
+
+
+def slow_gaps(
+    base: list[RequestResult], inter: list[RequestResult], solo_p50: float | None
+) -> dict[str, float | None] | None:
+    """Share of gaps over twice solo's median, in each phase, with and without each request's
+    first 3 gaps (after its prompt tick a GPU runs ~2 decode ticks without its CUDA graph, in
+    both phases)."""
+    if not solo_p50:
+        return None
+    out: dict[str, float | None] = {"over_ms": round(2 * solo_p50, 3)}
+    for name, results in (("solo", base), ("interactive", inter)):
+        streams = [r.token_ms for r in results if r.ok]
+        out[name] = slow_share(streams, 2 * solo_p50)
+        out[f"{name}_after_3"] = slow_share(streams, 2 * solo_p50, skip=3)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -72,6 +72,9 @@ def test_bench_quick(scenario: str, tmp_path: Path) -> None:
     if scenario == "storm":
         assert summary["background"]["completed"] > 0
         assert summary["ratio_to_solo"]["itl_p50_ms"] > 0
+        slow = summary["slow_gaps"]
+        assert slow["over_ms"] == round(2 * summary["solo"]["itl_p50_ms"], 3)
+        assert all(0 <= slow[k] <= 1 for k in ("solo", "interactive", "solo_after_3"))
     if scenario == "mixed-load":
         assert rows[0] == ["session_id", "token_idx", "ts_ms", "is_interactive"]
         assert summary["alone"]["output_tokens"] > 0

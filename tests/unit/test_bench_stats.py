@@ -44,3 +44,11 @@ def test_summary_aggregates_and_rates():
     assert d["ttf5_p50_ms"] == 180  # only the first stream has five tokens
     assert d["e2e_max_ms"] == 230
     assert stats.ratio(30.0, 20.0) == 1.5 and stats.ratio(1.0, None) is None
+
+
+def test_slow_share_counts_gaps_over_the_line_after_each_streams_first_ones() -> None:
+    a = [0.0, 10.0, 12.0, 14.0, 30.0]  # gaps 10, 2, 2, 16
+    b = [0.0, 2.0, 4.0]  # gaps 2, 2
+    assert stats.slow_share([a, b], over_ms=5.0) == round(2 / 6, 4)
+    assert stats.slow_share([a, b], over_ms=5.0, skip=1) == round(1 / 4, 4)
+    assert stats.slow_share([[1.0]], over_ms=5.0) is None
