@@ -180,8 +180,9 @@ class Runtime:
         n_layer, n_head = ll.llama_model_n_layer(self.model), ll.llama_model_n_head(self.model)
         n_embd, n_swa = ll.llama_model_n_embd(self.model), ll.llama_model_n_swa(self.model)
         head_k = self._meta_int("attention.key_length") or n_embd // n_head
-        # llama.cpp's Gemma 3 (its GGUFs carry no pattern): every 6th layer attends to all
-        swa = n_layer - n_layer // 6 if n_swa and self.architecture == "gemma3" else 0
+        # llama.cpp's Gemma 3: every 6th layer attends to all, unless the GGUF says otherwise
+        every = self._meta_int("attention.sliding_window_pattern") or 6
+        swa = n_layer - n_layer // every if n_swa and self.architecture == "gemma3" else 0
         return ModelShape(
             n_params=ll.llama_model_n_params(self.model),
             n_vocab=self.n_vocab,
