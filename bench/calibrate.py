@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             n_gpu_layers=args.n_gpu_layers,
         )
     )
-    facts = rt.model_facts()
+    facts = rt.info.facts()
     filler = rt.tokenize("the quick brown fox jumps over the lazy dog " * 400, add_special=False)
     rows = []
     for ctx in contexts:

@@ -149,11 +149,12 @@ def slow_gaps(
     both phases)."""
     if not solo_p50:
         return None
-    out: dict[str, float | None] = {"over_ms": round(2 * solo_p50, 3)}
+    over = 2 * solo_p50
+    out: dict[str, float | None] = {"over_ms": round(over, 3)}
     for name, results in (("solo", base), ("interactive", inter)):
         streams = [r.token_ms for r in results if r.ok]
-        out[name] = slow_share(streams, 2 * solo_p50)
-        out[f"{name}_after_3"] = slow_share(streams, 2 * solo_p50, skip=3)
+        out[name] = slow_share(streams, over)
+        out[f"{name}_after_3"] = slow_share(streams, over, skip=3)
     return out
 
 

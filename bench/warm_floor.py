@@ -51,16 +51,17 @@ def macs(shape, cached: int, n_question: int) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from uma_serve.core.config import default_model_path
+    from uma_serve.core.config import Config, default_model_path
     from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 
     model = args.model or default_model_path()
+    defaults = Config()  # the daemon's cache layout: its sequences and prefix-cache ids
     rt = Runtime(
         RuntimeParams(
             model,
             n_ctx=args.n_ctx,
-            n_seq=4,
-            n_seq_cache=8,
+            n_seq=defaults.n_seq,
+            n_seq_cache=defaults.prefix_cache_slots,
             swa_full=True,
             shadow=True,
             threads=args.threads,
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         if i:
             beside.append(a)
             warm.append(w)
-    shape = rt.model_shape()
+    shape = rt.info.shape()
     rt.close()
     n_q = round(statistics.mean(len(q) for q in questions))
     m_alone, m_extra = macs(shape, len(prefix), n_q)

@@ -67,7 +67,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     )
     on_passing_thread(runtime.warm_up)
     names = [n.strip() for n in config.policy.split(",") if n.strip()]
-    facts = runtime.model_facts()
+    facts = runtime.info.facts()
     guarded = "latency" in names
     constraints = Constraints(
         n_batch=config.n_batch,

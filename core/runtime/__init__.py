@@ -1,7 +1,8 @@
 """Everything llama.cpp: the only package that imports ``llama_cpp``.
 
-``runtime``: model, context, batch, decode, KV memory ops, tokenizer; ``chain``: a session's
-llama.cpp sampler chain; ``params``: the plain data both are built from.
+``runtime``: model, context, batch, decode, KV memory ops, tokenizer; ``model_info``: what the
+model's GGUF says (name, architecture, chat template, the sizes derived from it); ``chain``: a
+session's llama.cpp sampler chain; ``params``: the plain data they are built from.
 """
 
 from uma_serve.core.runtime.chain import Sampler

@@ -11,9 +11,9 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from uma_serve.core.policy.state import ModelFacts
 from uma_serve.core.runtime.chain import Sampler
-from uma_serve.core.runtime.params import ModelShape, RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime.model_info import ModelInfo
+from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
 
 WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
@@ -105,10 +105,11 @@ class Runtime:
         self.n_batch = params.n_batch
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_per_seq = self.n_ctx // params.n_seq
-        self.model_name = self._meta("general.name") or path.stem
+        self.info = ModelInfo(self.model)  # metadata, the policy's facts, the bench's shape
+        self.model_name = self.info.name or path.stem
         self.model_path = str(path)
-        self.architecture = self._meta("general.architecture")
-        self.chat_template = self._chat_template()  # the GGUF's own, if it carries one
+        self.architecture = self.info.architecture
+        self.chat_template = self.info.chat_template
         self.threads = cparams.n_threads
         self._batch = ll.llama_batch_init(params.n_batch, 0, 1)
         # numpy views on the batch's arrays: one slice assignment per span instead of a
@@ -147,57 +148,6 @@ class Runtime:
             return 1
         # within one decode the sequence may run n_batch - n_ubatch past its last tags
         return max(1, min(256, (n_swa - (params.n_batch - params.n_ubatch)) // 2))
-
-    # ---- model facts ----
-
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
-    def _meta_int(self, key: str) -> int:
-        value = self._meta(f"{self.architecture}.{key}")
-        try:
-            return int(value) if value else 0
-        except ValueError:
-            return 0
-
-    def model_facts(self) -> ModelFacts:
-        """Sizes the ΣBMT estimate needs: weight bytes, KV bytes per cell (f16 K+V, all
-        layers), experts."""
-        n_layer = self._meta_int("block_count")
-        n_head_kv = self._meta_int("attention.head_count_kv") or 1
-        k_len = self._meta_int("attention.key_length")
-        v_len = self._meta_int("attention.value_length") or k_len
-        return ModelFacts(
-            weights_bytes=ll.llama_model_size(self.model),
-            kv_bytes_per_cell=n_layer * n_head_kv * (k_len + v_len) * 2,
-            n_expert=self._meta_int("expert_count"),
-            n_expert_used=self._meta_int("expert_used_count"),
-        )
-
-    def model_shape(self) -> ModelShape:
-        n_layer, n_head = ll.llama_model_n_layer(self.model), ll.llama_model_n_head(self.model)
-        n_embd, n_swa = ll.llama_model_n_embd(self.model), ll.llama_model_n_swa(self.model)
-        head_k = self._meta_int("attention.key_length") or n_embd // n_head
-        # llama.cpp's Gemma 3: every 6th layer attends to all, unless the GGUF says otherwise
-        every = self._meta_int("attention.sliding_window_pattern") or 6
-        swa = n_layer - n_layer // every if n_swa and self.architecture == "gemma3" else 0
-        return ModelShape(
-            n_params=ll.llama_model_n_params(self.model),
-            n_vocab=self.n_vocab,
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_head=n_head,
-            head_k=head_k,
-            head_v=self._meta_int("attention.value_length") or head_k,
-            n_swa=n_swa if swa else 0,
-            swa_layers=swa,
-        )
-
-    def _chat_template(self) -> str | None:
-        raw = ll.llama_model_chat_template(self.model, None)
-        return raw.decode("utf-8", "replace") if raw else None
 
     # ---- text ----
 
