@@ -85,20 +85,25 @@ def run(args: argparse.Namespace) -> int:
         rt.seq_clear(alone_id)
         return timed([Span(alone_id, 0, rt.tokenize(texts[i]), True)])  # with BOS
 
-    # the question alone in an empty cache (as shared-prefix's first phase finds it), then
-    # beside the resident prefix (its cells in the attended range, masked) and warm after it;
-    # each phase's first round warms up and is not counted
-    empty = [alone(i) for i in range(len(texts))][1:]
-    for start in range(0, len(prefix), rt.n_batch):
-        rc, _ = rt.decode([Span(cache_id, start, prefix[start : start + rt.n_batch], False)])
-        assert rc == 0, rc
-    beside, warm = [], []
+    def load_prefix() -> None:
+        for start in range(0, len(prefix), rt.n_batch):
+            rc, _ = rt.decode([Span(cache_id, start, prefix[start : start + rt.n_batch], False)])
+            assert rc == 0, rc
+
+    # each round, side by side (the machine's speed drifts): the question alone in an empty
+    # cache (as shared-prefix's first phase finds it), alone beside the resident prefix (its
+    # cells in the attended range, masked), and warm after it; the first round warms up
+    empty, beside, warm = [], [], []
     for i, q in enumerate(questions):
+        for seq_id in (cache_id, alone_id, warm_id):
+            rt.seq_clear(seq_id)
+        e = alone(i)
+        load_prefix()
         a = alone(i)
-        rt.seq_clear(warm_id)
         rt.seq_copy(cache_id, warm_id, len(prefix))
         w = timed([Span(warm_id, len(prefix), q, True)])
         if i:
+            empty.append(e)
             beside.append(a)
             warm.append(w)
     shape = rt.info.shape()
