@@ -9,6 +9,7 @@ next SchedulerState carries; the matching figures go to the metrics.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 from uma_serve.core.metrics import EngineMetrics
@@ -26,6 +27,14 @@ from uma_serve.core.policy.tuner import SweetSpotTuner
 EWMA_ALPHA = 0.2
 MAX_RECOVERY_TICKS = 4  # slow ticks after a pause counted at most
 log = logging.getLogger("uma.engine")  # the engine's tick log (debug level)
+
+
+def items_text(plan: Plan, views: dict) -> list[str]:
+    """A plan's items for the tick log: QoS initial, sequence, phase initial, tokens (i3D1)."""
+    return [
+        f"{views[i.seq_id].qos[0]}{i.seq_id}{i.phase.value[0].upper()}{i.n_tokens}"
+        for i in plan.items
+    ]
 
 
 def ewma(old: float, new: float) -> float:
@@ -100,10 +109,10 @@ class TickLearner:
         m.bg_burst = self.stats.bg_burst
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "tick %d: decode %d prefill %d draft %d parked %d | %.1f ms (predicted %.1f, "
-                "budget %s%s)"
-                " | model a %.2f b %.3f c %.3f d %.4f e %.2f",
+                "tick %d at %.3f: decode %d prefill %d draft %d parked %d | %.2f ms (predicted "
+                "%.1f, budget %s%s) | model a %.2f b %.3f c %.3f d %.4f e %.2f | items %s",
                 self.stats.tick,
+                time.monotonic() * 1e3,  # the tick's end, on the clock bench's timings use
                 n_decode,
                 n_prefill - n_draft,
                 n_draft,
@@ -111,8 +120,9 @@ class TickLearner:
                 ms,
                 plan.predicted_ms or 0.0,
                 f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
-                ", pause" if plan.pause else "",
+                ", pause" if plan.pause else ", ride" if plan.ride else "",
                 *(getattr(self._model.cost, k) for k in "abcde"),
+                " ".join(items_text(plan, views)),
             )
 
     def _next_guard_state(
