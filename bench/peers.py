@@ -38,6 +38,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma list of servers")
     ap.add_argument("--build", action="store_true", help="build missing peers first")
     ap.add_argument("--levels", help="sweep levels (passed to sweep)")
+    ap.add_argument("--storm-rounds", type=int, help="storm's --rounds (solo/storm pairs)")
     ap.add_argument(
         "--report-only",
         metavar="DIR",
@@ -52,6 +53,8 @@ def scenario_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
     argv = ["--quick"] if args.quick else []
     if name == "sweep" and args.levels:
         argv += ["--levels", args.levels]
+    if name == "storm" and args.storm_rounds:
+        argv += ["--rounds", str(args.storm_rounds)]
     sargs = sub.parse_args(argv)
     shape_keys = ("model", "n_seq", "n_ctx", "n_batch", "n_ubatch", "threads", "n_gpu_layers")
     for k in (*shape_keys, "umad_arg", "seed"):

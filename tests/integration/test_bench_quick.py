@@ -58,7 +58,8 @@ def run_bench(out: Path, *args: str, timeout: int = 300) -> dict:
 def test_bench_quick(scenario: str, tmp_path: Path) -> None:
     csv_name, token_keys = SCENARIOS[scenario]
     out = tmp_path / scenario
-    summary = run_bench(out, scenario)
+    extra = ("--rounds", "2") if scenario == "storm" else ()  # phases alternate, pooled
+    summary = run_bench(out, scenario, *extra)
     with open(out / csv_name) as fh:
         rows = list(csv.reader(fh))
     assert len(rows) > 1, f"{csv_name} has no data rows"
@@ -75,6 +76,10 @@ def test_bench_quick(scenario: str, tmp_path: Path) -> None:
         slow = summary["slow_gaps"]
         assert slow["over_ms"] == round(2 * summary["solo"]["itl_p50_ms"], 3)
         assert all(0 <= slow[k] <= 1 for k in ("solo", "interactive", "solo_after_3"))
+        rounds = summary["rounds"]
+        assert rounds["n"] == 2 and len(rounds["itl_p95_ratio"]) == 2
+        assert min(rounds["itl_p95_ratio"]) <= rounds["median"] <= max(rounds["itl_p95_ratio"])
+        assert summary["solo"]["requests"] == 2 * 3  # storm's 3 requests a phase, pooled
     if scenario == "mixed-load":
         assert rows[0] == ["session_id", "token_idx", "ts_ms", "is_interactive"]
         assert summary["alone"]["output_tokens"] > 0
