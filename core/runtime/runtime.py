@@ -49,6 +49,13 @@ ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
 # writing one byte.
 _STRLEN_ABORT = ll.ggml_abort_callback(ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value)
 
+# ggml's log sink once a context exists: libc's abs (it reads the level, returns, ignores the
+# rest). The CUDA backend logs a debug line on every decode ("CUDA Graph id .. reused"); through
+# the Python callback each one would take the GIL inside llama_decode, behind the I/O thread.
+_SILENT_LOG = ll.llama_log_callback(ctypes.cast(ctypes.CDLL(None).abs, ctypes.c_void_p).value)
+_ggml_log_set = ll.llama_cpp._lib.ggml_log_set  # libggml-base's, through libllama's handle
+_ggml_log_set.argtypes, _ggml_log_set.restype = [ll.llama_log_callback, ctypes.c_void_p], None
+
 
 def gpu_offload(n_gpu_layers: int) -> bool:
     """Whether layers will run on a GPU (a GPU build and layers asked for)."""
@@ -99,6 +106,9 @@ class Runtime:
             ll.llama_model_free(self.model)
             raise RuntimeError("llama.cpp could not create a context (n_ctx too large?)")
         _abort_flags.append(self._abort)
+        # start-up's messages are logged; past it ggml's only at debug level (llama.cpp's always)
+        debug = _llama_log.isEnabledFor(logging.DEBUG)
+        _ggml_log_set(_log_callback if debug else _SILENT_LOG, None)
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.memory = ll.llama_get_memory(self.ctx)
         self.n_ctx = ll.llama_n_ctx(self.ctx)
