@@ -183,7 +183,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "cache.pin_prefix",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
-    "log_level": ("debug, info, warning or error", "log_level"),
+    "log_level": (
+        "debug, info, warning or error (debug: a line per tick, and ggml's messages past "
+        "start-up, one per decode on a GPU)",
+        "log_level",
+    ),
 }
 
 

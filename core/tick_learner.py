@@ -112,7 +112,7 @@ class TickLearner:
                 "tick %d at %.3f: decode %d prefill %d draft %d parked %d | %.2f ms (predicted "
                 "%.1f, budget %s%s) | model a %.2f b %.3f c %.3f d %.4f e %.2f | items %s",
                 self.stats.tick,
-                time.monotonic() * 1e3,  # the tick's end, on the clock bench's timings use
+                time.monotonic() * 1e3,  # tick's end; CLOCK_MONOTONIC, as bench's perf_counter
                 n_decode,
                 n_prefill - n_draft,
                 n_draft,
