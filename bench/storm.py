@@ -110,20 +110,27 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     base: list[RequestResult] = []
     inter: list[RequestResult] = []
     bg: list[RequestResult] = []
+    pairs: list[float | None] = []  # each round's storm ITL p95 over its solo's
     base_dt = dt = 0.0
-    pairs: list[float | None] = []
-    t_start = None
+    t_start: float | None = None
     for _ in range(max(1, args.rounds)):
         b, b_dt = await solo.run_solo(target, args, wl)
         i, g, g_dt, t0 = await under_load(target, args, wl, [background_loop] * k)
-        p95 = [common.summarize(x, d).to_dict()["itl_p95_ms"] for x, d in ((i, g_dt), (b, b_dt))]
-        pairs.append(ratio(*p95))
-        base, inter, bg = base + b, inter + i, bg + g
-        base_dt, dt, t_start = base_dt + b_dt, dt + g_dt, t_start or t0
+        pairs.append(ratio(itl_p95(i), itl_p95(b)))
+        base += b
+        inter += i
+        bg += g
+        base_dt += b_dt
+        dt += g_dt
+        t_start = t0 if t_start is None else t_start
     out = report(target, run, base, base_dt, inter, bg, dt, t_start, "storm")
     known = [x for x in pairs if x is not None]
     out["rounds"] = {"n": len(pairs), "itl_p95_ratio": pairs, "median": percentile(known, 50)}
     return out
+
+
+def itl_p95(results: list[RequestResult]) -> float | None:
+    return common.summarize(results, 0.0).to_dict()["itl_p95_ms"]
 
 
 def report(target, run, base, base_dt, inter, bg, dt, t_start, title) -> dict:

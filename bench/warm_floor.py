@@ -17,9 +17,13 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from uma_serve.bench.shared_prefix import question, system_prompt
 from uma_serve.bench.workloads import Workload
+
+if TYPE_CHECKING:  # the runtime package loads llama.cpp: imported in run() only
+    from uma_serve.core.runtime.params import ModelShape
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -33,7 +37,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
 
 
-def macs(shape, cached: int, n_question: int) -> tuple[int, int]:
+def macs(shape: ModelShape, cached: int, n_question: int) -> tuple[int, int]:
     """(multiply-adds of the question alone, those its tokens add after ``cached`` positions).
 
     Alone: every token through the weights (the embedding table is a lookup), attention over

@@ -111,7 +111,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         kv_path = f"{config.pin_prefix}.{Path(runtime.model_path).stem}.kv"
         status = on_passing_thread(engine.pin_prefix, runtime.tokenize(text), kv_path)
         log.info("pinned prefix %s: %s (%s)", config.pin_prefix, status, kv_path)
-    template = runtime.chat_template or builtin_template(runtime.architecture)
+    template = runtime.info.chat_template or builtin_template(runtime.info.architecture)
     chat = ChatTemplate(template) if template else None
     server = holder["server"] = CoreServer(config, runtime, engine, chat)
     return runtime, engine, server

@@ -118,8 +118,6 @@ class Runtime:
         self.info = ModelInfo(self.model)  # metadata, the policy's facts, the bench's shape
         self.model_name = self.info.name or path.stem
         self.model_path = str(path)
-        self.architecture = self.info.architecture
-        self.chat_template = self.info.chat_template
         self.threads = cparams.n_threads
         self._batch = ll.llama_batch_init(params.n_batch, 0, 1)
         # numpy views on the batch's arrays: one slice assignment per span instead of a
@@ -154,7 +152,7 @@ class Runtime:
         n_swa = ll.llama_model_n_swa(self.model)
         if not params.shadow or n_swa <= 0:
             return 1 << 30
-        if self.architecture not in STANDARD_SWA:
+        if self.info.architecture not in STANDARD_SWA:
             return 1
         # within one decode the sequence may run n_batch - n_ubatch past its last tags
         return max(1, min(256, (n_swa - (params.n_batch - params.n_ubatch)) // 2))
