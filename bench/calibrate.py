@@ -15,18 +15,16 @@ import statistics
 import time
 from pathlib import Path
 
+from uma_serve.bench import common
 from uma_serve.core.policy import BatchItem, Phase, SessionView
 from uma_serve.core.policy.bmt import tick_bytes
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", help="GGUF (default: the embedded Gemma 3 270M)")
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--n-seq", type=int, default=4)
     ap.add_argument("--contexts", default="64,512,1536", help="KV lengths to decode at")
     ap.add_argument("--ticks", type=int, default=12, help="decode ticks per point")
-    ap.add_argument("--n-gpu-layers", type=int, default=0)
-    ap.add_argument("--out", default="bench-results")
+    common.add_in_process(ap)
 
 
 def run(args: argparse.Namespace) -> int:

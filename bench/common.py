@@ -29,6 +29,14 @@ from uma_serve.bench.targets import HttpTarget, RequestResult, RequestSpec, Sock
 from uma_serve.bench.workloads import TOKENS_PER_WORD
 
 
+def add_in_process(ap: argparse.ArgumentParser) -> None:
+    """The knobs of scenarios that load the model in-process (engine, warm-floor, calibrate)."""
+    ap.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    ap.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    ap.add_argument("--n-gpu-layers", type=int, default=0, help="-1 = all; needs a GPU build")
+    ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
+
+
 def add_common(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("target (uniform across scenarios)")
     g.add_argument(

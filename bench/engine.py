@@ -17,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+from uma_serve.bench import common
 from uma_serve.bench.daemon import BenchDaemon
 from uma_serve.clients import AsyncUmaClient
 from uma_serve.core import protocol as p
@@ -30,11 +31,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--n", type=int, default=4, help="concurrent streams (sequences)")
     ap.add_argument("--tokens", type=int, default=96, help="decode tokens per stream")
     ap.add_argument("--rounds", type=int, default=3, help="alternating bare/daemon rounds")
-    ap.add_argument("--model", help="GGUF path (default: the embedded model)")
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--n-gpu-layers", type=int, default=0)
-    ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
+    common.add_in_process(ap)
     ap.add_argument("--umad-arg", action="append", default=[], help="extra umad flag (repeatable)")
 
 
@@ -118,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
     from uma_serve.core.runtime import Runtime, RuntimeParams
 
     model = args.model or default_model_path()
-    common = dict(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_seq=args.n)
+    layout = dict(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_seq=args.n)
     runtime = Runtime(
-        RuntimeParams(model, threads=args.threads, n_gpu_layers=args.n_gpu_layers, **common)
+        RuntimeParams(model, threads=args.threads, n_gpu_layers=args.n_gpu_layers, **layout)
     )
     flags = ["--model", model, "--n-seq", str(args.n), "--n-ctx", str(args.n_ctx)]
     flags += ["--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from uma_serve.bench import common
 from uma_serve.bench.shared_prefix import question, system_prompt
 from uma_serve.bench.workloads import Workload
 
@@ -29,12 +30,9 @@ if TYPE_CHECKING:  # the runtime package loads llama.cpp: imported in run() only
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--system-tokens", type=int, default=1500, help="cached prefix (approx.)")
     ap.add_argument("--rounds", type=int, default=7, help="alone / warm pairs (medians)")
-    ap.add_argument("--model", help="GGUF path (default: the embedded model)")
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--n-ctx", type=int, default=8192)
-    ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--out", default="bench-results", help="folder for the JSON summary")
+    common.add_in_process(ap)
 
 
 def macs(shape: ModelShape, cached: int, n_question: int) -> tuple[int, int]:
