@@ -30,6 +30,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--step-tokens", type=int, help="tokens per call (default 24, quick 8)")
     ap.add_argument("--decoders", type=int, help="background decoders N (default 3, quick 2)")
     ap.add_argument("--decoder-tokens", type=int, default=1024, help="background length cap")
+    common.add_label_background(ap, "the long decoders")
 
 
 async def chain(target: Target, args, wl: Workload, tag: str) -> tuple[list[RequestResult], float]:
@@ -61,7 +62,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         spec = RequestSpec(
             wl.chat_prompt(40),
             args.decoder_tokens,
-            qos="background",
+            qos=common.bulk_label(args),
             seed=args.seed + 500 + i,
             tag=f"decoder-{i}",
         )

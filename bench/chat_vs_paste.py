@@ -29,12 +29,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--paste-tokens", type=int, help="paste length (default 1600, quick 300)")
     ap.add_argument("--paste-answer", type=int, default=32, help="tokens answered to the paste")
     ap.add_argument("--lead-s", type=float, default=0.3, help="paste head start (s)")
-    ap.add_argument(
-        "--paste-qos",
-        default="interactive",
-        choices=("background", "interactive"),
-        help="the paste's class (default interactive: two apps, neither says)",
-    )
+    common.add_label_background(ap, "the paste")
 
 
 async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
@@ -42,7 +37,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     base, base_dt = await solo.run_solo(target, args, wl)
     n = args.paste_tokens or (300 if args.quick else 1600)
     paste = RequestSpec(
-        wl.document(n), args.paste_answer, qos=args.paste_qos, seed=args.seed, tag="paste"
+        wl.document(n), args.paste_answer, qos=common.bulk_label(args), seed=args.seed, tag="paste"
     )
     t_start = time.perf_counter()
     paste_task = asyncio.create_task(target.generate(paste))

@@ -67,6 +67,20 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     o.add_argument("--seed", type=int, default=1234, help="workload and sampling seed")
 
 
+def add_label_background(ap: argparse.ArgumentParser, what: str) -> None:
+    """The option that labels a scenario's bulk work; by default nothing is labeled, as the
+    OpenAI SDK and every library on it send plain requests."""
+    ap.add_argument(
+        "--label-background",
+        action="store_true",
+        help=f"label {what} qos=background (default: no label, as plain OpenAI clients)",
+    )
+
+
+def bulk_label(args: argparse.Namespace) -> str | None:
+    return "background" if getattr(args, "label_background", False) else None
+
+
 def shape_of(args: argparse.Namespace, overrides: dict | None = None) -> ServerShape:
     from uma_serve.core.config import default_model_path
 

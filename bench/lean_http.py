@@ -57,8 +57,8 @@ class LeanHttpTarget(Target):
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "ignore_eos": spec.ignore_eos,
-                "qos": spec.qos,
             }
+            | ({"qos": spec.qos} if spec.qos else {})
         )
         head = (
             f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"

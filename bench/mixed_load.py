@@ -39,6 +39,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--doc-tokens", type=int, help="document length (default 1500, quick 250)")
     ap.add_argument("--summary-tokens", type=int, help="summary length (default 128, quick 24)")
     ap.add_argument("--think-s", type=float, default=0.2, help="pause between turns (s)")
+    common.add_label_background(ap, "the document")
 
 
 async def interactive_sessions(
@@ -66,7 +67,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     doc = RequestSpec(
         wl.document(args.doc_tokens or (250 if args.quick else 1500)),
         args.summary_tokens or (24 if args.quick else 128),
-        qos="background",
+        qos=common.bulk_label(args),
         seed=args.seed,
         tag="doc",
     )

@@ -21,6 +21,7 @@ PEER_SCENARIOS = {
     "solo": "solo",
     "sweep": "sweep",
     "storm": "storm",
+    "storm-labeled": "storm",  # the storm's documents labeled background (UMA only)
     "agent-chain": "agent_chain",
     "chat-vs-paste": "chat_vs_paste",
     "mixed-load": "mixed_load",
@@ -28,7 +29,8 @@ PEER_SCENARIOS = {
     "shared-prefix": "shared_prefix",
     "repetitive": "repetitive",
 }
-DEFAULT = "solo,sweep,storm,agent-chain"
+DEFAULT = "solo,sweep,storm,storm-labeled,agent-chain"
+LABELED = {"storm-labeled"}  # scenarios run with --label-background, against UMA only
 SERVERS = ("uma", "llama-server", "batched")
 
 
@@ -53,8 +55,10 @@ def scenario_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
     argv = ["--quick"] if args.quick else []
     if name == "sweep" and args.levels:
         argv += ["--levels", args.levels]
-    if name == "storm" and args.storm_rounds:
+    if name.startswith("storm") and args.storm_rounds:
         argv += ["--rounds", str(args.storm_rounds)]
+    if name in LABELED:
+        argv += ["--label-background"]
     sargs = sub.parse_args(argv)
     shape_keys = ("model", "n_seq", "n_ctx", "n_batch", "n_ubatch", "threads", "n_gpu_layers")
     for k in (*shape_keys, "umad_arg", "seed"):
@@ -105,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             if server in unavailable:
                 break
+            if name in LABELED and server != "uma":  # a label means nothing to the peers
+                continue
             module = importlib.import_module(f"uma_serve.bench.{PEER_SCENARIOS[name]}")
             sargs = scenario_args(name, args)
             sub = RunDir(name, str(run_dir.path / name / server))

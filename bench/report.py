@@ -63,7 +63,7 @@ def token_rows(server: str, results: Sequence[RequestResult], t0: float) -> list
         prev = None
         for k, ms in enumerate(r.token_ms):
             gap = "" if prev is None else round(ms - prev, 3)
-            rows.append([server, r.spec.tag, i, r.spec.qos, k, round(base + ms, 3), gap])
+            rows.append([server, r.spec.tag, i, r.spec.qos or "", k, round(base + ms, 3), gap])
             prev = ms
     return rows
 

@@ -46,7 +46,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--drain-s", type=float, default=300.0, help="bound on waiting for background to finish"
     )
-    ap.add_argument("--bg-qos", default="background", choices=("background", "interactive"))
+    common.add_label_background(ap, "the storm's documents")
     ap.add_argument(
         "--rounds",
         type=int,
@@ -71,7 +71,7 @@ async def background_loop(
         spec = RequestSpec(
             wl.document(doc_tokens),
             args.answer_tokens,
-            qos=args.bg_qos,
+            qos=common.bulk_label(args),
             seed=args.seed + 1000 * (k + 1) + i,
             tag=f"background-{k}",
         )

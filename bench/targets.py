@@ -27,7 +27,7 @@ OnToken = Callable[[float], None]  # called with the absolute perf_counter time 
 class RequestSpec:
     prompt: str
     max_tokens: int
-    qos: str = "interactive"
+    qos: str | None = None  # a UMA label ("background"); None: none, as plain clients send
     seed: int = 0
     # UMA_BENCH_TEMPERATURE overrides it for every scenario (0 = greedy on every server)
     temperature: float = field(
@@ -101,7 +101,7 @@ class SocketTarget(Target):
             temperature=spec.temperature,
             seed=spec.seed % (1 << 32),
             ignore_eos=spec.ignore_eos,
-            qos=spec.qos,  # type: ignore[arg-type]
+            qos=spec.qos or "interactive",  # type: ignore[arg-type]
             stream=True,
         )
         t0 = time.perf_counter()
@@ -171,7 +171,7 @@ class HttpTarget(Target):
             body["stream_options"] = {"include_usage": True}
         if self.send_ignore_eos and spec.ignore_eos:
             body["ignore_eos"] = True
-        if self.send_qos:
+        if self.send_qos and spec.qos:
             body["qos"] = spec.qos
         return body
 

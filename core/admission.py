@@ -1,7 +1,8 @@
 """The requests waiting for a sequence and the free sequence ids.
 
-Interactive requests are admitted first (FIFO among them); background ones only while more
-than ``reserved`` sequence ids are free, so an interactive arrival always finds one. A request
+Chat turns (interactive requests with a short prompt, policy/work.py) are admitted first (FIFO
+among them); the rest, labeled background or with a long prompt, only while more than
+``reserved`` sequence ids are free, so a chat turn always finds one. A request
 may be held back while a running sequence computes a prefix it shares (the prefix cache then
 copies that KV instead of computing it again).
 """
@@ -32,7 +33,7 @@ class AdmissionQueue:
         for seq in self.waiting:
             if hold is not None and hold(seq):
                 continue
-            if seq.request.qos == "interactive":
+            if seq.interactive:
                 return seq
             first_bg = first_bg or seq
         return first_bg if len(self.free_ids) > self.reserved else None
@@ -61,4 +62,4 @@ class AdmissionQueue:
         return gone
 
     def has_interactive(self) -> bool:
-        return any(s.request.qos == "interactive" for s in self.waiting)
+        return any(s.interactive for s in self.waiting)

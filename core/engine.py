@@ -23,6 +23,7 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BatchItem, Constraints, IBatchPolicy, Phase, Plan, SchedulerState
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
+from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance, prompt_class
 from uma_serve.core.prefix_store import PrefixStore
 from uma_serve.core.priority import lower_current_thread
 from uma_serve.core.runtime import Runtime, Span
@@ -86,7 +87,10 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
-        self._inbox.post("submit", sub, interactive=sub.request.qos == "interactive")
+        """A chat turn's arrival may cut short a tick of bulk work (``step``)."""
+        label = sub.request.qos
+        chat = prompt_class(label, len(sub.prompt), self.prompt_allowance()) == INTERACTIVE
+        self._inbox.post("submit", sub, interactive=chat)
 
     def cancel(self, key: RequestKey) -> None:
         self._inbox.post("cancel", key)
@@ -97,6 +101,10 @@ class Engine:
     def stop(self, reason: str) -> None:
         """End every request with an eos (reason cancelled, detail ``reason``) and exit."""
         self._inbox.stop(reason)
+
+    def prompt_allowance(self) -> int:
+        """Uncached prompt tokens of a chat turn at most, from the current tick-time model."""
+        return prompt_allowance(self._learner.stats.cost, self.constraints)
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -138,9 +146,9 @@ class Engine:
         for op, arg in ops:
             if op == "submit":
                 assert isinstance(arg, Submission)
-                self._queue.waiting.append(
-                    Sequence(arg.key, arg.request, arg.prompt, arg.arrival_ns)
-                )
+                seq = Sequence(arg.key, arg.request, arg.prompt, arg.arrival_ns)
+                seq.bulk_prompt = len(seq.prompt) > self.prompt_allowance()
+                self._queue.waiting.append(seq)
             elif op == "cancel":
                 self._cancel(lambda s, key=arg: s.key == key, "cancelled by client")
             elif op == "cancel_conn":
@@ -173,6 +181,7 @@ class Engine:
             self.runtime.seq_clear(seq.seq_id)
             if self._prefix is not None:
                 self._prefix.reuse(seq, self._running.values())
+            seq.bulk_prompt = seq.pending_prefill > self.prompt_allowance()
             if self._spec > 0:
                 seq.ngrams = NgramIndex(seq.prompt)
                 seq.spec_accept_ewma = self._accept.value
@@ -192,8 +201,8 @@ class Engine:
             propose_drafts(decoding, self._spec, c.spec_max_streams, self.runtime.n_ctx_per_seq)
         views = tuple(s.view() for s in self._running.values())
         now = time.monotonic_ns()
-        if any(v.qos == "interactive" for v in views) or self._queue.has_interactive():
-            self._last_interactive_ns = now
+        if any(s.interactive for s in self._running.values()) or self._queue.has_interactive():
+            self._last_interactive_ns = now  # a conversation is going on
         return SchedulerState(views, self._learner.stats, now, self._last_interactive_ns)
 
     def step(self) -> None:
@@ -201,14 +210,15 @@ class Engine:
         constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
         state = self.snapshot()
         plan = self.policy.schedule_tick(state, constraints)
+        views = {v.seq_id: v for v in state.sessions}
         if plan.empty:
             self._flush()
             return
         spans = [self._span(item) for item in plan.items]
         t0 = time.perf_counter()
         self._learner.tick_started(t0)
-        # no interactive request runs or waits: an interactive arrival may stop this tick
-        abortable = self.constraints.quiet_ms > 0 and state.last_interactive_ns != state.now_ns
+        # a tick of bulk work only: a chat turn's arrival stops it (its chunk is redone later)
+        abortable = all(views[i.seq_id].qos != INTERACTIVE for i in plan.items)
         if abortable:
             self._inbox.open_abort_window()
         rc, rows = self.runtime.decode(spans)
@@ -322,7 +332,8 @@ class Engine:
         self.metrics.tokens_generated_total += 1
         if seq.first_token_ns is None:
             seq.first_token_ns = now
-            self.metrics.observe_ttft(req.qos, (now - seq.arrival_ns) * 1e-6)
+            prompt_qos = INTERACTIVE if seq.interactive else BACKGROUND
+            self.metrics.observe_ttft(prompt_qos, (now - seq.arrival_ns) * 1e-6)
         else:
             self.metrics.observe_itl(req.qos, (now - (seq.last_token_ns or now)) * 1e-6)
         seq.last_token_ns = now

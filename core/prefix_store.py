@@ -97,7 +97,7 @@ class PrefixStore:
         for other in running:
             if other.pending_prefill == 0 or now_ns - other.last_progress_ns > self.hold_ns:
                 continue
-            if seq.request.qos == "interactive" and other.request.qos != "interactive":
+            if seq.interactive and not other.interactive:
                 continue
             shared = self.shared_blocks(seq, other) * BLOCK
             if shared >= 2 * BLOCK and other.n_past < min(shared, len(seq.prompt) - 1):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Phase, SessionView
 from uma_serve.core.policy.spec import NgramIndex
+from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
 from uma_serve.core.runtime import Sampler
 from uma_serve.core.sampling import TokenSampler
 from uma_serve.core.textstream import TextStream
@@ -35,6 +36,9 @@ class Sequence:
     ngrams: NgramIndex | None = None  # prompt-lookup drafting index (spec on)
     draft: tuple[int, ...] = ()  # this tick's proposal, shown to the policy
     spec_accept_ewma: float = 0.7  # per-token draft acceptance, smoothed (optimistic start)
+    # its uncached prompt is longer than the interactive allowance (policy/work.py): the
+    # prompt is bulk work; set on arrival from the whole prompt, again after the prefix cache
+    bulk_prompt: bool = False
     cached_from: int | None = None  # prefix cache entry its leading KV was copied from
     cached_tokens: int = 0  # how many leading positions came from the prefix cache
     prompt_hashes: list[int] | None = None  # the prompt's block hash chain (prefix cache)
@@ -57,11 +61,24 @@ class Sequence:
     def phase(self) -> Phase:
         return Phase.PREFILL if self.pending_prefill else Phase.DECODE
 
+    @property
+    def interactive(self) -> bool:
+        """A chat turn: not labeled background, and its prompt within the allowance."""
+        return self.request.qos != BACKGROUND and not self.bulk_prompt
+
+    @property
+    def work_class(self) -> str:
+        """The class of the work it brings to the next tick: its prompt's class while
+        prefilling, its label's once decoding (every unlabeled stream is protected)."""
+        if self.request.qos == BACKGROUND or (self.bulk_prompt and self.pending_prefill):
+            return BACKGROUND
+        return INTERACTIVE
+
     def view(self) -> SessionView:
         return SessionView(
             seq_id=self.seq_id,
             phase=self.phase,
-            qos=self.request.qos,
+            qos=self.work_class,
             prompt_len=len(self.prompt),
             n_past=self.n_past,
             pending_prefill=self.pending_prefill,

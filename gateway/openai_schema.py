@@ -21,6 +21,8 @@ Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
 MAX_N = 16  # choices per request (each is a sequence in the core)
 QoS = Literal["interactive", "background"]
+# OpenAI's processing tiers: "flex" is bulk work (background); the rest are served normally
+ServiceTier = Literal["auto", "default", "flex", "priority", "scale"]
 Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)]
 
 
@@ -44,7 +46,10 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    # UMA extension: the scheduling class (also the X-UMA-QoS header).
+    # the scheduling class, docs/GATEWAY.md "Labels": OpenAI's service_tier, vLLM's priority
+    # (lower is sooner; above 0 is background), UMA's qos (also the X-UMA-QoS header)
+    service_tier: ServiceTier | None = None
+    priority: int | None = None
     qos: QoS | None = None
     # Extension (as llama-server's): keep generating past EOS, for fixed-length benches.
     ignore_eos: bool | None = None

@@ -126,14 +126,23 @@ def check_prompt_size(nbytes: int, info: p.InfoEvent, param: str) -> None:
         )
 
 
-def qos_of(request: Request, body_qos: str | None) -> str:
+def qos_of(request: Request, req: schema._Sampling) -> str:
+    """A request's label, the first given of: X-UMA-QoS, qos, service_tier ("flex" is
+    background), priority (vLLM's: above 0 is background). None: "interactive", whose work
+    the core classifies (a long prompt is bulk work, every stream is protected)."""
     header = request.headers.get(QOS_HEADER)
-    if header is None:
-        return body_qos or "interactive"
-    value = header.strip().lower()
-    if value not in ("interactive", "background"):
-        raise bad_request("X-UMA-QoS must be 'interactive' or 'background'", "X-UMA-QoS")
-    return value
+    if header is not None:
+        value = header.strip().lower()
+        if value not in ("interactive", "background"):
+            raise bad_request("X-UMA-QoS must be 'interactive' or 'background'", "X-UMA-QoS")
+        return value
+    if req.qos is not None:
+        return req.qos
+    if req.service_tier is not None:
+        return "background" if req.service_tier == "flex" else "interactive"
+    if req.priority is not None:
+        return "background" if req.priority > 0 else "interactive"
+    return "interactive"
 
 
 def sampling(req: schema._Sampling) -> dict[str, Any]:
@@ -175,7 +184,7 @@ async def _generate(request: Request, kind: type) -> Response:
     try:
         body = await read_body(request, state.settings.max_body_bytes)
         req = schema.decode(body, kind)
-        qos = qos_of(request, req.qos)
+        qos = qos_of(request, req)
         info = await core_info(request)
         model = check_model(req.model, info)
         if isinstance(req, schema.CompletionRequest):

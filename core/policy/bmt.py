@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from uma_serve.core.policy.qos import INTERACTIVE
 from uma_serve.core.policy.state import (
     BatchItem,
     Constraints,
@@ -22,6 +21,7 @@ from uma_serve.core.policy.state import (
     SessionView,
     views_by_seq,
 )
+from uma_serve.core.policy.work import INTERACTIVE
 
 MOE_EXPERT_SHARE = 0.9  # fraction of a MoE model's weights that sit in its experts (estimate)
 

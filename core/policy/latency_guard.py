@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from uma_serve.core.policy.qos import INTERACTIVE
 from uma_serve.core.policy.state import (
     BatchItem,
     Constraints,
@@ -46,6 +45,7 @@ from uma_serve.core.policy.state import (
     plan_shape,
     views_by_seq,
 )
+from uma_serve.core.policy.work import INTERACTIVE
 
 STARVED_CHUNK = 1  # tokens a starved session gets in a tick over budget
 UNLIMITED = 1 << 30

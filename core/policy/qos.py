@@ -14,8 +14,7 @@ from uma_serve.core.policy.state import (
     SessionView,
     views_by_seq,
 )
-
-INTERACTIVE = "interactive"
+from uma_serve.core.policy.work import INTERACTIVE
 
 
 def background_turn_order(decoders: list[SessionView], burst: int) -> list[SessionView]:

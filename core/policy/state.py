@@ -23,7 +23,7 @@ class SessionView:
 
     seq_id: int
     phase: Phase
-    qos: str  # "interactive" | "background"
+    qos: str  # its work's class this tick, "interactive" | "background" (policy/work.py)
     prompt_len: int
     n_past: int  # tokens already in the KV cache
     pending_prefill: int  # prompt tokens not yet in the KV cache

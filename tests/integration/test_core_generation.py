@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from uma_serve.clients import AsyncUmaClient
 from uma_serve.core import protocol as p
 
@@ -159,15 +161,17 @@ def test_queued_requests_run_when_a_whole_batch_ends_in_one_tick(umad) -> None:
     s.close()
 
 
-def test_an_interactive_arrival_aborts_a_long_background_tick(tmp_path) -> None:
-    """Once interactive traffic is quiet, background prefill runs in whole-batch ticks (over a
-    second each here); an interactive request arriving meanwhile stops the tick instead of
-    waiting for it, and the background request redoes that chunk and still completes."""
+@pytest.mark.parametrize("label", [{"qos": "background"}, {}])
+def test_an_interactive_arrival_aborts_a_long_background_tick(tmp_path, label) -> None:
+    """Once interactive traffic is quiet, bulk prefill runs in whole-batch ticks (over a
+    second each here); a chat turn arriving meanwhile stops the tick instead of waiting for
+    it, and the document redoes that chunk and still completes. The same whether the
+    document is labeled background or not: its long prompt is bulk work either way."""
     daemon = start_daemon(tmp_path, "--quiet-ms", "1")
     try:
         doc = "The cat sat on the mat and looked at the garden. " * 150  # ~1,650 tokens
         with daemon.client() as bg, daemon.client() as chat:
-            bg.send(gen(doc, id="doc", max_tokens=4, qos="background", ignore_eos=True))
+            bg.send(gen(doc, id="doc", max_tokens=4, ignore_eos=True, **label))
             deadline = time.monotonic() + 120
             while daemon.metrics()["prompt_tokens_total"] < 512:  # one whole tick is done,
                 assert time.monotonic() < deadline  # the next 512-token tick is running

@@ -254,6 +254,51 @@ def test_chat_stop_sequence_and_qos(gateway, model_id):
     assert "," not in r.choices[0].message.content
 
 
+def ttft_counts(umad) -> dict[str, int]:
+    by_qos = core_metrics(umad.socket)["histograms_by_qos"]["ttft_ms"]
+    return {q: h["count"] for q, h in by_qos.items()}
+
+
+@pytest.mark.parametrize(
+    ("label", "klass"),
+    [
+        ({}, "interactive"),
+        ({"service_tier": "flex"}, "background"),
+        ({"service_tier": "priority"}, "interactive"),
+        ({"service_tier": "default"}, "interactive"),
+        ({"priority": 5}, "background"),
+        ({"priority": -1}, "interactive"),
+        ({"qos": "background"}, "background"),
+        ({"qos": "interactive", "service_tier": "flex"}, "interactive"),  # qos comes first
+    ],
+)
+def test_labels_reach_the_core_as_its_classes(sdk, umad, model_id, label, klass):
+    """OpenAI's service_tier and vLLM's priority are labels too (docs/GATEWAY.md); a short
+    unlabeled prompt is a chat turn: its first token counts as interactive."""
+    before = ttft_counts(umad)
+    sdk.completions.create(model=model_id, prompt=PROMPT, max_tokens=2, extra_body=label)
+    after = ttft_counts(umad)
+    other = "background" if klass == "interactive" else "interactive"
+    assert after[klass] == before[klass] + 1 and after[other] == before[other]
+
+
+def test_a_long_unlabeled_prompt_counts_as_bulk(sdk, umad, model_id):
+    """Over the interactive allowance (at most one batch of 512 tokens), a prompt is bulk."""
+    before = ttft_counts(umad)
+    doc = "The cat sat on the mat and looked at the garden. " * 60  # ~660 tokens
+    r = sdk.completions.create(model=model_id, prompt=doc, max_tokens=2)
+    assert r.usage.prompt_tokens > 512
+    assert ttft_counts(umad)["background"] == before["background"] + 1
+
+
+def test_an_unknown_service_tier_is_refused(sdk, model_id):
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(
+            model=model_id, prompt=PROMPT, max_tokens=2, extra_body={"service_tier": "turbo"}
+        )
+    assert err.value.param == "service_tier"
+
+
 def read_then_leave(gateway, model_id: str, chunks: int, **extra) -> None:
     """Open a long completion stream, read ``chunks`` chunks, then disconnect."""
     body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}

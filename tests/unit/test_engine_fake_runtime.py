@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine import Engine, Submission
@@ -131,7 +132,10 @@ class SlowRuntime(FakeRuntime):
         return super().decode(spans)
 
 
-def test_an_interactive_arrival_aborts_a_long_background_tick() -> None:
+@pytest.mark.parametrize("doc_qos", ["background", "interactive"])
+def test_an_interactive_arrival_aborts_a_long_background_tick(doc_qos) -> None:
+    """A chat turn cuts short a tick of bulk work only: a labeled document's, or an unlabeled
+    one's whose prompt is over the interactive allowance (59 tokens; 16 with these costs)."""
     from uma_serve.core.policy.pipeline import build_policy
 
     events: list[tuple[int, p.Event]] = []
@@ -146,12 +150,13 @@ def test_an_interactive_arrival_aborts_a_long_background_tick() -> None:
     engine = Engine(
         rt,
         build_policy(["qos", "latency"]),
-        Constraints(n_batch=64, tick_budget_ms=50.0, quiet_ms=1.0),
+        Constraints(n_batch=64, tick_budget_ms=50.0),
         sink,
         seed=1,
     )
     engine.start()
-    doc = p.Generate(id="doc", prompt="x", max_tokens=2, qos="background", ignore_eos=True)
+    doc = p.Generate(id="doc", prompt="x", max_tokens=2, qos=doc_qos, ignore_eos=True)
+    assert engine.prompt_allowance() < 59
     engine.submit(Submission((1, "doc"), doc, list(range(1, 60)), 0))
     assert rt.long_ticks.wait(10)
     chat = p.Generate(id="chat", prompt="x", max_tokens=3, ignore_eos=True)

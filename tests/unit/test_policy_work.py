@@ -1,0 +1,87 @@
+"""Work classes (policy/work.py): decode tokens protected, long prompts bulk, labels honored."""
+
+from __future__ import annotations
+
+import pytest
+
+from uma_serve.core import protocol as p
+from uma_serve.core.admission import AdmissionQueue
+from uma_serve.core.policy import Constraints, EngineStats, Phase, SchedulerState
+from uma_serve.core.policy.latency_guard import LatencyGuard
+from uma_serve.core.policy.pipeline import build_policy
+from uma_serve.core.policy.tickmodel import TickCost, TickShape
+from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance, prompt_class
+from uma_serve.core.sequence import Sequence
+
+CPU = TickCost(a=0.3, b=14.0, c=1.9, d=0.0, e=0.0, samples=100)
+GPU = TickCost(a=0.1, b=1.4, c=0.016, d=0.0, e=3.0, samples=100)
+C = Constraints(n_batch=512, tick_budget_ms=float("inf"), slo_ttft_ms=250.0, bg_tick_ms=60.0)
+
+
+def test_allowance_is_what_one_tick_prefills_within_the_ttft_target_and_one_batch():
+    # CPU: (250 - 0.3) / 1.9 tokens fit 250 ms; a GPU fits far more than a batch
+    assert prompt_allowance(CPU, C) == int((250.0 - 0.3) / 1.9) == 131
+    assert prompt_allowance(GPU, C) == C.n_batch
+    # a tighter TTFT target admits shorter chat turns; never fewer than the minimum chunk
+    assert prompt_allowance(CPU, Constraints(n_batch=512, tick_budget_ms=1, slo_ttft_ms=50)) == 26
+    tiny = Constraints(n_batch=512, tick_budget_ms=1, slo_ttft_ms=1.0)
+    assert prompt_allowance(CPU, tiny) == tiny.min_prefill_tokens
+
+
+@pytest.mark.parametrize(
+    ("label", "uncached", "expected"),
+    [
+        ("interactive", 40, INTERACTIVE),
+        ("interactive", 131, INTERACTIVE),
+        ("interactive", 132, BACKGROUND),
+        ("background", 4, BACKGROUND),
+    ],
+)
+def test_prompt_class(label, uncached, expected):
+    assert prompt_class(label, uncached, 131) == expected
+
+
+def seq(prompt_len: int, qos: str = "interactive", bulk: bool = False, sid: int = 0) -> Sequence:
+    req = p.Generate(id=f"r{sid}", prompt="x", qos=qos)  # type: ignore[arg-type]
+    s = Sequence((1, req.id), req, list(range(prompt_len)), arrival_ns=sid, seq_id=sid)
+    s.bulk_prompt = bulk
+    return s
+
+
+def test_a_pasted_prompt_is_bulk_until_done_then_its_stream_is_protected():
+    paste = seq(1500, bulk=True)
+    assert paste.view().qos == BACKGROUND and not paste.interactive
+    paste.n_past = 1500  # prompt done: its answer streams like any chat
+    assert paste.view().phase is Phase.DECODE and paste.view().qos == INTERACTIVE
+    chat = seq(40)
+    assert chat.view().qos == INTERACTIVE and chat.interactive
+    batch_job = seq(40, qos="background")
+    batch_job.n_past = 40
+    assert batch_job.view().qos == BACKGROUND  # a label makes its decode bulk too
+
+
+def test_a_chat_turn_is_admitted_before_queued_pastes_and_keeps_the_reserved_sequence():
+    queue = AdmissionQueue([0, 1], reserved=1)
+    queue.waiting.extend([seq(1500, bulk=True, sid=1), seq(40, sid=2)])
+    assert queue.has_interactive()
+    first = queue.admit()
+    assert first is not None and first.request.id == "r2"
+    assert queue.admit() is None  # the paste may not take the last, reserved sequence
+
+
+def test_guard_keeps_an_unlabeled_paste_out_of_the_chats_decode_ticks():
+    """A chat decoding, a paste prefilling, nothing labeled: the paste gets only what fits
+    the chat's budget (CPU: a few tokens), not a TTFT-first chunk."""
+    chat, paste = seq(40, sid=0), seq(1500, bulk=True, sid=1)
+    chat.n_past, chat.next_token = 40, 7
+    state = SchedulerState((chat.view(), paste.view()), EngineStats(cost=CPU), 10**10, 10**10)
+    plan = build_policy(["qos", "latency"]).schedule_tick(state, C)
+    prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
+    assert plan.predicted_ms <= 1.2 * CPU.predict(TickShape(1, 0, 0.0))  # the chat's budget
+    assert plan.items[0].seq_id == 0 and prefill == 1  # 2.9 ms of room at 1.9 ms a token
+    unlabeled_as_chat = seq(1500, sid=1)  # the same prompt treated as a chat turn
+    state = SchedulerState(
+        (chat.view(), unlabeled_as_chat.view()), EngineStats(cost=CPU), 10**10, 10**10
+    )
+    plan = LatencyGuard().apply(build_policy([]).schedule_tick(state, C), state, C)
+    assert sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL) > 100
