@@ -54,6 +54,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="solo and storm phases, alternating this many times; figures pool the rounds "
         "(a p95 from one phase of 3 requests moves with the host's hiccups, ±30%% on an H100)",
     )
+    ap.add_argument(
+        "--bulk-only",
+        type=float,
+        metavar="S",
+        help="no chat: only the K clients' documents for S seconds (what bulk prefill does "
+        "alone; compare with --umad-arg=--policy --umad-arg= for the guards off)",
+    )
     ap.set_defaults(requests=3)  # interactive requests alone and under the storm
 
 
@@ -103,10 +110,35 @@ async def under_load(target, args, wl, loops) -> tuple[list[RequestResult], list
     return results, bg, time.perf_counter() - t_start, t_start
 
 
+async def bulk_only(target: Target, args: argparse.Namespace, wl: Workload, k: int) -> dict:
+    """The documents alone for ``args.bulk_only`` seconds, then what is in flight finishes."""
+    bg: list[RequestResult] = []
+    stop = asyncio.Event()
+    t0 = time.perf_counter()
+    tasks = [asyncio.create_task(background_loop(target, wl, args, i, bg, stop)) for i in range(k)]
+    await asyncio.sleep(args.bulk_only)
+    stop.set()
+    await asyncio.gather(*tasks)
+    done = [r for r in bg if r.ok]
+    s = common.summarize(done, time.perf_counter() - t0).to_dict()
+    return {
+        "background": {
+            "completed": len(done),
+            "prompt_tokens": s["prompt_tokens"],
+            "prompt_tok_per_s": s["prompt_tok_per_s"],
+            "ttft_p50_ms": s["ttft_p50_ms"],
+        },
+        "failed": len(bg) - len(done),
+        "errors": common.errors(bg),
+    }
+
+
 async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
     """Solo then storm, ``rounds`` times: alternating phases share the machine's drift."""
     wl = Workload(args.seed)
     k = args.clients or (2 if args.quick else 3)
+    if args.bulk_only:
+        return await bulk_only(target, args, wl, k)
     base: list[RequestResult] = []
     inter: list[RequestResult] = []
     bg: list[RequestResult] = []

@@ -21,7 +21,8 @@ class AdmissionQueue:
     def __init__(self, seq_ids: Iterable[int], reserved: int) -> None:
         self.waiting: deque[Sequence] = deque()
         self.free_ids = list(seq_ids)
-        self.reserved = reserved  # sequence ids only interactive requests may take
+        # sequence ids only chat turns may take; never all of them (one sequence: none)
+        self.reserved = min(reserved, max(len(self.free_ids) - 1, 0))
 
     def __len__(self) -> int:
         return len(self.waiting)

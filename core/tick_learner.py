@@ -120,7 +120,7 @@ class TickLearner:
                 ms,
                 plan.predicted_ms or 0.0,
                 f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
-                ", pause" if plan.pause else ", ride" if plan.ride else "",
+                ", pause" if plan.pause else "",
                 *(getattr(self._model.cost, k) for k in "abcde"),
                 " ".join(items_text(plan, views)),
             )
@@ -131,17 +131,14 @@ class TickLearner:
         """Hysteresis: an overrun tick that carried background work holds background prefill
         for hold_ticks, then re-enables it with a cap that doubles each tick. A pause tick
         (stepped cost) holds it long enough that pauses, with the slow ticks that follow
-        them, stretch one interactive gap in pause_every; so does a ride (a whole batch of
-        background prefill went along with a new interactive prompt), so that the new
-        stream's first gap is not made a pause as well."""
+        them, stretch one interactive gap in pause_every."""
         st, c = self.stats, self.constraints
         background_work = any(
             i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
         )
         over = plan.budget_ms is not None and ms > plan.budget_ms
-        if plan.pause or plan.ride:  # background got a whole batch: the next pause comes later
-            if plan.pause:
-                m.ticks_paused_total += 1
+        if plan.pause:  # background got its chunk: the next pause comes later
+            m.ticks_paused_total += 1
             self._recovering = 0
             return round(c.pause_every * (1.0 + self._recovery_ticks)), None
         if self._recovering is not None and any(

@@ -1,34 +1,28 @@
-"""LatencyGuard: keep ticks within a time budget while an interactive request is served.
+"""LatencyGuard: keep protected work's ticks within a time budget (policy/work.py says
+which work is protected: every stream's decode tokens and chat turns' prompts).
 
-A tick that carries interactive work (a decoding stream, or a new interactive prompt) is
-protected: its budget is ``slo_tbt_ms`` if set, else the predicted period of that interactive
-work alone stretched by (1 + headroom), where a period is the decode time plus the engine's
-per-tick overhead (what a client sees between two tokens). Background decoders and prefill
-join only as far as the tick-time model predicts they fit. A new interactive prompt is
-prefilled in chunks of at most ``slo_ttft_ms`` (default ``bg_tick_ms``) per tick. Ticks with
-no interactive work are bounded by ``bg_tick_ms``, so a newly arriving interactive request
-waits at most about that long for its first tick; once no interactive request has run for
-``quiet_ms`` they are bounded by the batch only (big chunks prefill up to ~40% faster on the
-CPU than 60 ms ones), and the engine aborts such a tick the moment an interactive request
-arrives, so the arrival still does not wait for it.
+A tick that carries protected work is budgeted at ``slo_tbt_ms`` if set, else at the predicted
+period of that work alone stretched by (1 + headroom), where a period is the decode time plus
+the engine's per-tick overhead (what a client sees between two tokens). Bulk work (long
+prompts, labeled background streams) joins only as far as the tick-time model predicts it
+fits. A chat turn's prompt is prefilled in chunks of at most ``slo_ttft_ms`` per tick while
+other streams decode. Ticks of bulk work only are bounded by ``bg_tick_ms`` while a
+conversation is recent, and by the batch alone once none has been for ``quiet_ms`` (big
+chunks prefill up to ~40% faster on a CPU); the engine cuts such a tick short when a chat turn
+arrives (on a CPU; a GPU finishes its tick).
 
-Hysteresis: after a tick that overran its budget the engine sets ``guard_hold`` (no background
+Hysteresis: after a tick that overran its budget the engine sets ``guard_hold`` (no bulk
 prefill for H ticks) then ``guard_ramp`` (a prefill cap that doubles each tick). Nothing
 starves: a session not advanced for ``starve_ms`` gets one token even over budget.
 
 Stepped cost (a GPU): when any prefill makes a tick a step slower (the model's ``e``, worth
 more than ``min_prefill_tokens`` prompt tokens) and that step alone breaks the budget, small
-chunks would stretch every interactive gap for little progress. Instead one protected tick in
-``pause_every`` is a *pause*: background work fills it up to ``bg_tick_ms``, and the engine
-holds prefill for the next ``pause_every`` x (1 + r) ticks, where r is the measured number of
-slow ticks that follow a pause (a GPU re-captures its decode graph after a prefill tick: two
-ticks of ~3 ms instead of 1.4 on an H100; r starts at 2). One gap in ``pause_every``
-(default 100: 1%) is stretched, so the stream's ITL p95 stays at solo (whose own slow gaps,
-the first ticks after each prompt, take ~3%) while prompts still move in whole batches. And a
-tick that carries a new interactive prompt while no interactive stream decodes pays the
-step anyway and is nobody's inter-token gap: background prefill *rides* along with it, up
-to ``bg_tick_ms`` (on an H100 a whole 512-token batch adds ~8 ms to that prompt's TTFT),
-and starts the same hold as a pause (else the new stream's first gap could be a pause). A
+chunks would stretch every gap for little progress. Instead one protected tick in
+``pause_every`` is a *pause*: it carries a step's worth of bulk prompt (``e / c`` tokens, ~240
+on an H100), so the stretched gap pays the step twice and no more, and the engine holds bulk
+prefill for the next ``pause_every`` x (1 + r) ticks, where r is the measured number of slow
+ticks that follow a pause (a GPU re-captures its decode graph after a prefill tick). One gap
+in ``pause_every`` (default 100: 1%) is stretched, so a stream's ITL p95 stays at solo. A
 prompt that waited ``starve_ms`` gets a pause at once, not a one-token chunk.
 """
 
@@ -94,9 +88,6 @@ class LatencyGuard:
         background_prefill = any(
             i.phase is Phase.PREFILL and not interactive(i) for i in plan.items
         )
-        # a new interactive prompt with no interactive stream decoding pays the step anyway,
-        # and is no inter-token gap: background prefill rides along, up to bg_tick_ms
-        ride = stepped and not decoding and background_prefill
         # a starved prompt's forced progress comes as a pause too: a one-token chunk would pay
         # the whole step (and the slow ticks after it) for one token
         starving = any(
@@ -104,13 +95,13 @@ class LatencyGuard:
         )
         pause = (
             stepped
-            and not ride
             and (not held or starving)
             and room(kept, budget) < c.min_prefill_tokens
             and background_prefill
         )
-        if ride or pause:
-            budget, prefill_cap, held = c.bg_tick_ms, UNLIMITED, False
+        if pause:  # the stretched gap: the protected work, the step and a step's worth of tokens
+            step_sized = cost.predict(plan_shape(tuple(kept), views)) + 2 * cost.e
+            budget, prefill_cap, held = min(c.bg_tick_ms, step_sized), UNLIMITED, False
         parked: list[int] = []
         for item in plan.items:  # background work, in the plan's order, while it fits
             if interactive(item):
@@ -141,5 +132,4 @@ class LatencyGuard:
             predicted_ms=cost.predict(plan_shape(tuple(kept), views)),
             guard_active=plan.guard_active or trimmed or held,
             pause=pause,
-            ride=ride,
         )

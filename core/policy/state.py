@@ -117,7 +117,6 @@ class Plan:
     predicted_ms: float | None = None  # the tick-time model's prediction for this plan
     guard_active: bool = False  # a guard removed work from this tick
     pause: bool = False  # a stepped-cost prefill tick among interactive ones (LatencyGuard)
-    ride: bool = False  # background prefill rides along with a new interactive prompt
     bmt_estimate: float | None = None  # bytes this tick is estimated to move
 
     @property

@@ -85,3 +85,11 @@ def test_guard_keeps_an_unlabeled_paste_out_of_the_chats_decode_ticks():
     )
     plan = LatencyGuard().apply(build_policy([]).schedule_tick(state, C), state, C)
     assert sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL) > 100
+
+
+def test_a_single_sequence_is_never_reserved():
+    """With one sequence a long prompt must still run: the reservation leaves it free."""
+    queue = AdmissionQueue([0], reserved=1)
+    queue.waiting.append(seq(1500, bulk=True, sid=1))
+    admitted = queue.admit()
+    assert admitted is not None and admitted.seq_id == 0
