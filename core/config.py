@@ -98,24 +98,26 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "scheduler.policy",
     ),
     "slo_tbt_ms": (
-        "inter-token budget while an interactive stream decodes (0: auto, (1 + headroom) x "
-        "the predicted tick of the interactive streams alone)",
+        "inter-token budget while any stream decodes (0: auto, (1 + headroom) x "
+        "the predicted tick of the protected work alone)",
         "scheduler.slo_tbt_ms",
     ),
     "slo_ttft_ms": (
-        "how long a tick may stretch to prefill a new interactive prompt while other "
-        "interactive streams decode (0: bg_tick_ms)",
+        "a chat turn's prefill target: a prompt whose uncached part one tick prefills within "
+        "it (and within --n-batch) is a chat turn, prefilled first; longer ones are bulk "
+        "work (0: bg_tick_ms)",
         "scheduler.slo_ttft_ms",
     ),
     "headroom": ("auto inter-token budget: allowed slowdown over solo", "scheduler.headroom"),
     "bg_tick_ms": (
-        "tick bound when no interactive stream decodes (bounds a new request's wait)",
+        "bound on ticks of bulk work only while a conversation is recent (bounds a chat "
+        "turn's wait where a tick cannot be cut short)",
         "scheduler.bg_tick_ms",
     ),
     "quiet_ms": (
-        "after this long without interactive requests, background ticks are bounded by "
-        "--n-batch only (faster prefill), and an arriving interactive request aborts the "
-        "running one instead of waiting for it (0: always --bg-tick-ms)",
+        "after this long without a chat turn, ticks of bulk work are bounded by --n-batch "
+        "only (faster prefill; a chat turn's arrival cuts such a tick short on a CPU) "
+        "(0: always --bg-tick-ms)",
         "scheduler.quiet_ms",
     ),
     "hold_ticks": (
