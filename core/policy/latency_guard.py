@@ -36,9 +36,10 @@ from uma_serve.core.policy.state import (
     Phase,
     Plan,
     SchedulerState,
-    plan_shape,
+    item_shape,
     views_by_seq,
 )
+from uma_serve.core.policy.tickmodel import TickShape
 from uma_serve.core.policy.work import INTERACTIVE
 
 STARVED_CHUNK = 1  # tokens a starved session gets in a tick over budget
@@ -51,85 +52,85 @@ class LatencyGuard:
             return plan
         views = views_by_seq(state)
         stats, cost = state.stats, state.stats.cost
+        kept: list[BatchItem] = []
+        shape = TickShape(0, 0, 0.0)  # of kept, kept up to date as items join
 
-        def interactive(item: BatchItem) -> bool:
-            return views[item.seq_id].qos == INTERACTIVE
+        def keep(item: BatchItem) -> None:
+            nonlocal shape
+            kept.append(item)
+            shape = shape + item_shape(item, views[item.seq_id])
+
+        def room(budget: float) -> int:
+            return cost.prefill_that_fits(shape.decode, shape.kv_k, budget) - shape.prefill
 
         def starved(item: BatchItem) -> bool:
             return state.now_ns - views[item.seq_id].last_progress_ns > c.starve_ms * 1e6
 
-        def room(kept: list[BatchItem], budget: float) -> int:
-            shape = plan_shape(tuple(kept), views)
-            return cost.prefill_that_fits(shape.decode, shape.kv_k, budget) - shape.prefill
-
-        kept = [i for i in plan.items if i.phase is Phase.DECODE and interactive(i)]
-        # new interactive prompts: in chunks that fit the stretch while other interactive
-        # streams decode; as fast as the base plan allows when none does
+        protected_items = {i.seq_id for i in plan.items if views[i.seq_id].qos == INTERACTIVE}
+        bulk = [i for i in plan.items if i.seq_id not in protected_items]
+        for item in plan.items:
+            if item.phase is Phase.DECODE and item.seq_id in protected_items:
+                keep(item)
+        # chat turns' prompts: in chunks that fit the stretch while other streams decode; as
+        # fast as the base plan allows when none does
         decoding = bool(kept)
         stretch = c.slo_ttft_ms or c.bg_tick_ms
         for item in plan.items:
-            if item.phase is Phase.PREFILL and interactive(item):
-                fits = room(kept, stretch) if decoding else item.n_tokens
-                n = min(item.n_tokens, max(fits, 1))
-                pending = views[item.seq_id].pending_prefill
-                kept.append(replace(item, n_tokens=n, logits=n == pending))
-        if kept:
-            solo = cost.predict(plan_shape(tuple(kept), views)) + stats.overhead_ms_ewma
+            if item.phase is Phase.PREFILL and item.seq_id in protected_items:
+                n = min(item.n_tokens, max(room(stretch) if decoding else item.n_tokens, 1))
+                keep(replace(item, n_tokens=n, logits=n == views[item.seq_id].pending_prefill))
+        protected = bool(kept)
+        if protected:
+            solo = cost.predict(shape) + stats.overhead_ms_ewma
             budget = c.slo_tbt_ms or solo * (1.0 + c.headroom)
             budget -= stats.overhead_ms_ewma  # compare with predicted decode time
         elif c.quiet_ms and state.now_ns - state.last_interactive_ns > c.quiet_ms * 1e6:
-            budget = UNLIMITED  # abortable: nobody interactive is waiting or expected
+            budget = UNLIMITED  # abortable: no conversation is going on
         else:
             budget = c.bg_tick_ms
-        protected = bool(kept)
+        if not bulk:
+            return replace(
+                plan, items=tuple(kept), budget_ms=budget, predicted_ms=cost.predict(shape)
+            )
         held = protected and stats.guard_hold > 0
         prefill_cap = stats.guard_ramp if stats.guard_ramp is not None else UNLIMITED
-        stepped = protected and cost.stepped(c.min_prefill_tokens)
-        background_prefill = any(
-            i.phase is Phase.PREFILL and not interactive(i) for i in plan.items
-        )
+        bulk_prefill = [i for i in bulk if i.phase is Phase.PREFILL]
         # a starved prompt's forced progress comes as a pause too: a one-token chunk would pay
         # the whole step (and the slow ticks after it) for one token
-        starving = any(
-            i.phase is Phase.PREFILL and not interactive(i) and starved(i) for i in plan.items
-        )
         pause = (
-            stepped
-            and (not held or starving)
-            and room(kept, budget) < c.min_prefill_tokens
-            and background_prefill
+            protected
+            and bool(bulk_prefill)
+            and cost.stepped(c.min_prefill_tokens)
+            and (not held or any(starved(i) for i in bulk_prefill))
+            and room(budget) < c.min_prefill_tokens
         )
         if pause:  # the stretched gap: the protected work, the step and a step's worth of tokens
-            step_sized = cost.predict(plan_shape(tuple(kept), views)) + 2 * cost.e
-            budget, prefill_cap, held = min(c.bg_tick_ms, step_sized), UNLIMITED, False
+            budget = min(c.bg_tick_ms, cost.predict(shape) + 2 * cost.e)
+            prefill_cap, held = UNLIMITED, False
         parked: list[int] = []
-        for item in plan.items:  # background work, in the plan's order, while it fits
-            if interactive(item):
-                continue
+        for item in bulk:  # in the plan's order, while it fits
             if item.phase is Phase.DECODE:
-                fits = cost.predict(plan_shape((*kept, item), views)) <= budget
+                fits = cost.predict(shape + item_shape(item, views[item.seq_id])) <= budget
                 if fits or starved(item):
-                    kept.append(item)
+                    keep(item)
                 else:
                     parked.append(item.seq_id)
                 continue
             # unprotected ticks always carry a minimum chunk: a mis-predicting model (a slow
-            # moment of the machine) must not stall background prompts
+            # moment of the machine) must not stall bulk prompts
             floor = 0 if protected else c.min_prefill_tokens
-            fits = max(room(kept, budget), floor, 0)
-            n = 0 if held else min(item.n_tokens, fits, prefill_cap)
+            n = 0 if held else min(item.n_tokens, max(room(budget), floor, 0), prefill_cap)
             if n <= 0 and starved(item):
                 n = min(item.n_tokens, STARVED_CHUNK)
             if n > 0:
-                pending = views[item.seq_id].pending_prefill
-                kept.append(replace(item, n_tokens=n, logits=n == pending))
+                keep(replace(item, n_tokens=n, logits=n == views[item.seq_id].pending_prefill))
         trimmed = sum(i.n_tokens for i in kept) < plan.n_tokens
         return replace(
             plan,
             items=tuple(kept),
             parked=plan.parked + tuple(parked),
             budget_ms=budget,
-            predicted_ms=cost.predict(plan_shape(tuple(kept), views)),
+            predicted_ms=cost.predict(shape),
             guard_active=plan.guard_active or trimmed or held,
             pause=pause,
         )

@@ -146,15 +146,17 @@ def views_by_seq(state: SchedulerState) -> dict[int, SessionView]:
     return {s.seq_id: s for s in state.sessions}
 
 
+def item_shape(item: BatchItem, view: SessionView) -> TickShape:
+    """One item's features for the tick-time model (its attention cost from its n_past)."""
+    kv = item.n_tokens * (view.n_past + (item.n_tokens + 1) / 2) / 1000.0
+    if item.phase is Phase.DECODE:  # a drafted token has its logits row, as a decode
+        return TickShape(item.n_tokens, 0, kv)
+    return TickShape(0, item.n_tokens, kv)
+
+
 def plan_shape(items: tuple[BatchItem, ...], views: dict[int, SessionView]) -> TickShape:
-    """The features of a batch for the tick-time model (attention cost from each n_past)."""
-    decode = prefill = 0
-    kv = 0.0
+    """The features of a batch for the tick-time model."""
+    shape = TickShape(0, 0, 0.0)
     for item in items:
-        past = views[item.seq_id].n_past
-        if item.phase is Phase.DECODE:  # a drafted token has its logits row, as a decode
-            decode += item.n_tokens
-        else:
-            prefill += item.n_tokens
-        kv += item.n_tokens * (past + (item.n_tokens + 1) / 2)
-    return TickShape(decode, prefill, kv / 1000.0)
+        shape = shape + item_shape(item, views[item.seq_id])
+    return shape

@@ -26,6 +26,11 @@ class TickShape:
     prefill: int  # prompt tokens
     kv_k: float  # Σ over the batch's tokens of KV cells attended, in thousands
 
+    def __add__(self, other: TickShape) -> TickShape:
+        return TickShape(
+            self.decode + other.decode, self.prefill + other.prefill, self.kv_k + other.kv_k
+        )
+
     def features(self) -> tuple[float, float, float, float, float]:
         return (1.0, float(self.decode), float(self.prefill), self.kv_k, float(self.prefill > 0))
 
