@@ -131,7 +131,8 @@ class TickLearner:
         """Hysteresis: an overrun tick that carried background work holds background prefill
         for hold_ticks, then re-enables it with a cap that doubles each tick. A pause tick
         (stepped cost) holds it long enough that pauses, with the slow ticks that follow
-        them, stretch one interactive gap in pause_every."""
+        them, stretch one protected gap in pause_every; so does a chat turn's prompt tick,
+        so that the new stream's first gaps are no pauses (they are its TTF5)."""
         st, c = self.stats, self.constraints
         background_work = any(
             i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
@@ -141,6 +142,11 @@ class TickLearner:
             m.ticks_paused_total += 1
             self._recovering = 0
             return round(c.pause_every * (1.0 + self._recovery_ticks)), None
+        chat_turn = any(
+            i.phase is Phase.PREFILL and views[i.seq_id].qos == "interactive" for i in plan.items
+        )
+        if chat_turn and self._model.cost.stepped(c.min_prefill_tokens):
+            return max(st.guard_hold, round(c.pause_every * (1.0 + self._recovery_ticks))), None
         if self._recovering is not None and any(
             views[i.seq_id].qos == "interactive" for i in plan.items
         ):

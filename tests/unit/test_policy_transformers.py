@@ -286,3 +286,19 @@ def test_two_new_interactive_prompts_alone_are_not_chunked() -> None:
 
 def test_infinite_budget_is_safe() -> None:
     assert COST.prefill_that_fits(1, 0.0, float("inf")) == 1 << 30
+
+
+def test_a_chat_turn_holds_bulk_prefill_where_cost_is_stepped() -> None:
+    """A new stream's first gaps are its TTF5: no pause lands on them (a GPU); on a CPU (no
+    step) a chat turn starts no hold."""
+    views = (view(0, Phase.PREFILL, pending=40), view(1, Phase.PREFILL, "background", 1000))
+    turn = Plan((pre(0, 40, True),), budget_ms=10.0)
+    m = EngineMetrics()
+    gpu = TickLearner(replace(C, pause_every=20), None)
+    gpu._model._cost = GPU  # a fitted step
+    gpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=GPU), NOW), m)
+    assert gpu.stats.guard_hold == 60  # 20 x (1 + 2)
+    cpu = TickLearner(replace(C, pause_every=20), None)
+    cpu._model._cost = COST
+    cpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=COST), NOW), m)
+    assert cpu.stats.guard_hold == 0
