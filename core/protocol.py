@@ -116,6 +116,7 @@ Request = Generate | Cancel | MetricsRequest | HealthRequest | InfoRequest
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Timings(msgspec.Struct):

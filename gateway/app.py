@@ -28,6 +28,7 @@ from uma_serve.gateway.errors import (
     unhandled_handler,
 )
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
+from uma_serve.gateway.request_id import RequestIdMiddleware
 from uma_serve.gateway.routes import Inflight
 
 
@@ -66,7 +67,10 @@ def create_app(settings: Settings) -> Starlette:
             warm.cancel()
             await pool.close()
 
-    middleware = [Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS)]
+    middleware = [
+        Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
+        Middleware(RequestIdMiddleware),
+    ]
     if settings.cors_origins:
         middleware.append(
             Middleware(

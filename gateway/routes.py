@@ -188,14 +188,14 @@ async def _generate(request: Request, kind: type) -> Response:
         info = await core_info(request)
         model = check_model(req.model, info)
         if isinstance(req, schema.CompletionRequest):
-            rid = f"cmpl-{uuid.uuid4().hex}"
+            rid = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
             text = req.prompt_text
             check_prompt_size(len(text.encode()), info, "prompt")
             max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
             gen = p.Generate(id=rid, prompt=text, max_tokens=max_tokens, qos=qos, **sampling(req))
             job = Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
         else:
-            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
             messages = req.core_messages()
             size = sum(len(m["content"].encode()) for m in messages)
             check_prompt_size(size, info, "messages")
