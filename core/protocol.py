@@ -198,6 +198,9 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     version: str
     max_tokens: int
     max_prompt_bytes: int
+    # the GGUF carries its own chat template (instruction-tuned models do; a base model's
+    # chat goes through a shipped generic template and its answers are not a chat's)
+    gguf_chat_template: bool = False
 
 
 Event = (

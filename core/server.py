@@ -243,6 +243,7 @@ class CoreServer:
             version=version("uma-serve"),
             max_tokens=self.config.max_tokens,
             max_prompt_bytes=self.config.max_prompt_bytes,
+            gguf_chat_template=rt.info.chat_template is not None,
         )
 
     # ---- shutdown ----
