@@ -6,7 +6,6 @@ import asyncio
 import gc
 import logging
 import math
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -21,9 +20,9 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.tuner import SweetSpotTuner
-from uma_serve.core.protocol import socket_answers
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
+from uma_serve.core.socket_path import SocketPathError, claim_socket_path
 
 log = logging.getLogger("uma.daemon")
 T = TypeVar("T")
@@ -119,11 +118,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
 
 async def serve(config: cfg.Config) -> None:
     runtime, engine, server = build(config)
-    if socket_answers(config.socket):
-        raise SystemExit(f"umad: another daemon is serving on {config.socket}; not taking it over")
-    if os.path.exists(config.socket):
-        log.info("removing stale socket %s", config.socket)
-        os.unlink(config.socket)
+    claim_socket_path(config.socket)  # again: the model took a while to load
     # what start-up made (modules, the model's metadata, the policy) lives as long as the
     # daemon: out of the collector, a full collection no longer walks it (5-7 ms here, a
     # pause in the token stream; 0 ms after)
@@ -155,12 +150,10 @@ def main(argv: list[str] | None = None) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if socket_answers(config.socket):
-        print(f"umad: another daemon is serving on {config.socket}", file=sys.stderr)
-        raise SystemExit(1)
     try:
+        claim_socket_path(config.socket)  # before the model loads: a bad path fails fast
         asyncio.run(serve(config))
-    except (FileNotFoundError, RuntimeError) as exc:
+    except (FileNotFoundError, RuntimeError, SocketPathError) as exc:
         print(f"umad: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
 

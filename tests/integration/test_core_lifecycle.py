@@ -48,6 +48,32 @@ def test_live_socket_is_not_stolen(small_daemon) -> None:
         assert c.health().status == "ok"
 
 
+@pytest.mark.parametrize("what", ["regular file", "directory", "missing parent"])
+def test_socket_path_that_is_not_a_socket_is_left_alone(tmp_path, what: str) -> None:
+    """Only a stale socket is removed; anything else is a clear error before the model loads."""
+    path = tmp_path / "uma.sock"
+    if what == "regular file":
+        path.write_text("precious data")
+    elif what == "directory":
+        path.mkdir()
+    else:
+        path = tmp_path / "no-such-dir" / "uma.sock"
+    out = subprocess.run(
+        [str(VENV_BIN / "umad"), "--socket", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        out.returncode == 1 and str(path.parent if what == "missing parent" else path) in out.stderr
+    )
+    assert "loaded" not in out.stderr  # refused before the model loads
+    if what == "regular file":
+        assert path.read_text() == "precious data"
+    elif what == "directory":
+        assert path.is_dir()
+
+
 def test_idle_connection_is_closed_with_error(small_daemon) -> None:
     s = raw_socket(small_daemon.socket, timeout=30)
     ev = read_event(s)
