@@ -127,14 +127,29 @@ async def serve(config: cfg.Config) -> None:
     engine.start()
     await server.start()
     log.info("umad ready on %s (model %s)", config.socket, runtime.model_name)
-    stop = asyncio.Event()
+    first, again = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        (again if first.is_set() else first).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), stop.set()))
-    await stop.wait()
-    log.info("%s: draining and shutting down", received[0] if received else "stop")
-    await server.shutdown(f"server shutting down ({received[0] if received else 'stop'})")
+        loop.add_signal_handler(sig, on_signal, sig)
+    await first.wait()
+    name = received[0]
+    log.info(
+        "%s: draining: no new generations, %d in flight may finish within %g s "
+        "(a second signal ends the drain)",
+        name,
+        server.in_flight(),
+        config.drain_timeout,
+    )
+    cut = await server.drain(config.drain_timeout, again)
+    if cut:
+        log.warning("%s: cancelling the %d requests in flight", cut, server.in_flight())
+    await server.shutdown(f"server shutting down ({name})" + (f": {cut}" if cut else ""))
     if not engine.alive:
         runtime.close()
     log.info("umad stopped")
