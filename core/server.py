@@ -29,7 +29,7 @@ log = logging.getLogger("uma.server")
 _conn_ids = itertools.count(1)
 # an overflowed connection's queued bytes and last error may take this long to be read
 # before the connection is dropped (its memory is then freed whatever the client does)
-CLOSE_GRACE_S = 10.0
+CLOSE_GRACE_S = 60.0
 
 
 @dataclass(eq=False)
