@@ -16,6 +16,7 @@ from typing import TypeVar
 from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, builtin_template
 from uma_serve.core.engine import Engine
+from uma_serve.core.faults import Faults
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.pipeline import build_policy
@@ -46,6 +47,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         sampler = "backend-topk" if on_gpu else "numpy"
     spec_draft = config.spec_draft if config.spec_draft >= 0 else (0 if on_gpu else 6)
     log.info("token sampling: %s; speculative draft: %d", sampler, spec_draft)
+    faults = Faults.from_env()
+    if faults.any:
+        log.warning("fault injection on (tests only): %s", faults)
     runtime = Runtime(
         RuntimeParams(
             model_path=config.model or cfg.default_model_path(),
@@ -104,6 +108,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
         compute_nice=config.compute_nice,
+        fail_decode=faults.decode_fail,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()
@@ -111,7 +116,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         status = on_passing_thread(engine.pin_prefix, runtime.tokenize(text), kv_path)
         log.info("pinned prefix %s: %s (%s)", config.pin_prefix, status, kv_path)
     template = runtime.info.chat_template or builtin_template(runtime.info.architecture)
-    chat = ChatTemplate(template) if template else None
+    chat = ChatTemplate(template) if template and not faults.no_chat_template else None
     server = holder["server"] = CoreServer(config, runtime, engine, chat)
     return runtime, engine, server
 
