@@ -114,3 +114,30 @@ class PromptTokenizer:
                 self.reused_tokens_total += k
                 return tokens[:k] + tail, ends[:k] + self._ends(tail, b)
         return None
+
+
+class ChatTokenizer:
+    """A chat prompt's tokens from its parts (``ChatTemplate.render_parts``): the template's
+    markup with special tokens parsed, each message's content as plain text, so content
+    cannot forge a turn. A transcript's earlier messages come back every turn: each part's
+    tokens are remembered (LRU), so a turn tokenizes only its new messages."""
+
+    def __init__(self, runtime: Runtime, size: int = 256) -> None:
+        self._rt = runtime
+        self._specials = runtime.tokenize("", True)  # what add_special puts first (a BOS)
+        self._size = size
+        self._cache: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+
+    def tokenize(self, parts: list[tuple[str, bool]]) -> list[int]:
+        tokens = list(self._specials)
+        for part in parts:
+            cached = self._cache.get(part)
+            if cached is None:
+                text, markup = part
+                cached = self._cache[part] = self._rt.tokenize(text, False, special=markup)
+                while len(self._cache) > self._size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(part)
+            tokens += cached
+        return tokens

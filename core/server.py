@@ -22,7 +22,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
-from uma_serve.core.prompt_tokens import PromptTokenizer
+from uma_serve.core.prompt_tokens import ChatTokenizer, PromptTokenizer
 from uma_serve.core.runtime import Runtime
 
 log = logging.getLogger("uma.server")
@@ -68,6 +68,7 @@ class CoreServer:
         self.engine = engine
         self.chat = chat
         self.tokenizer = PromptTokenizer(runtime)  # reuses a recent prompt's tokens
+        self.chat_tokenizer = ChatTokenizer(runtime)  # reuses earlier messages' tokens
         self.connections: dict[int, Connection] = {}
         self.draining = False
         self._drained: asyncio.Event | None = None  # set once draining with nothing in flight
@@ -243,13 +244,13 @@ class CoreServer:
             if self.chat is None:
                 return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
-                text = self.chat.render([(m.role, m.content) for m in req.messages])
+                parts = self.chat.render_parts([(m.role, m.content) for m in req.messages])
             except ChatTemplateError as exc:
                 return p.E_PROTO, str(exc)
+            tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
         else:
-            text = req.prompt or ""
-        tokens = self.tokenizer.tokenize(text)
-        self.engine.metrics.prompt_tokens_reused_total = self.tokenizer.reused_tokens_total
+            tokens = self.tokenizer.tokenize(req.prompt or "")
+            self.engine.metrics.prompt_tokens_reused_total = self.tokenizer.reused_tokens_total
         if not tokens:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq
