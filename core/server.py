@@ -2,8 +2,9 @@
 
 One Connection per client socket. Requests are validated and tokenized here, then handed to
 the engine; the engine's events come back in one batch per tick (``deliver``) and are written
-to their connections. Never blocks on a slow client: a connection whose unread output passes
-``max_write_buffer_bytes`` has its requests cancelled with E_IO_001.
+to their connections. Never blocks on a slow client: a connection whose unread output (any
+reply) passes ``max_write_buffer_bytes`` has its requests cancelled with E_IO_001 and is
+closed. On a signal the daemon drains (``drain``) before ``shutdown``.
 """
 
 from __future__ import annotations
