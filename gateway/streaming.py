@@ -17,13 +17,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from sse_starlette.event import ensure_bytes
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.requests import Request
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.answer import Job, Result, end_error, total_usage, usage_dict
+from uma_serve.gateway.drain import Stop, shutting_down_error
 from uma_serve.gateway.errors import ApiError, from_core_error
+
+# sse-starlette cancels every stream at once on SIGTERM (no final chunk); the gateway's Drain
+# ends them itself, with an error chunk and [DONE] (gateway/drain.py)
+AppStatus.disable_automatic_graceful_drain()
 
 T = TypeVar("T")
 WATCH_AFTER_S = 0.001  # when the disconnect watcher of a request waiting for its first token starts
@@ -49,16 +54,21 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def race_disconnect(request: Request, work: Awaitable[T], stop: Stop | None = None) -> T:
     """Await ``work`` unless the client disconnects first; then cancel it, raise ClientGone.
+    A ``stop`` (the gateway shutting down) cancels the work too: a 503 ``shutting_down``.
 
     Cancelling the work runs the client library's cleanup, which sends ``cancel`` to the core.
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
+    if stop is not None:
+        stop.waiting = task
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
+            if stop is not None and stop.stopped and task.cancelled():
+                raise shutting_down_error("no answer was ready in time")
             return task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -68,15 +78,22 @@ async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+        if stop is not None:
+            stop.waiting = None
 
 
-async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Event:
+async def first_event(
+    request: Request, events: AsyncIterator[p.Event], stop: Stop | None = None
+) -> p.Event:
     """The stream's first event, awaited on this task itself (the TTFT path: no wrapper task,
     no asyncio.wait). A watcher cancels this task if the client disconnects first, which
     becomes ClientGone; it starts ``WATCH_AFTER_S`` later, while the core works, so creating
-    it is not on the path of a request to the core."""
+    it is not on the path of a request to the core. A ``stop`` (the gateway shutting down)
+    cancels it too: a 503 ``shutting_down``."""
     task = asyncio.current_task()
     assert task is not None
+    if stop is not None:
+        stop.waiting = task
     gone = False
     watcher: asyncio.Task | None = None
 
@@ -94,11 +111,16 @@ async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Eve
     try:
         return await anext(events)
     except asyncio.CancelledError:
-        if not gone:
-            raise
-        task.uncancel()
-        raise ClientGone from None
+        if gone:
+            task.uncancel()
+            raise ClientGone from None
+        if stop is not None and stop.stopped:
+            task.uncancel()
+            raise shutting_down_error("no token was ready in time") from None
+        raise
     finally:
+        if stop is not None:
+            stop.waiting = None
         timer.cancel()
         if watcher is not None:
             watcher.cancel()
@@ -189,16 +211,38 @@ async def tagged(events: AsyncIterator[p.Event]) -> AsyncIterator[Choice]:
             yield 0, event
 
 
+STOPPED: Any = object()  # what _next_unless_stopped returns for a stopped stream
+
+
+async def _next_unless_stopped(events: AsyncIterator[Choice], stop: Stop) -> Any:
+    """The next event, None at the end, or STOPPED once ``stop`` was (or gets) stopped."""
+    if stop.stopped:
+        return STOPPED
+    task = asyncio.current_task()
+    stop.waiting = task
+    try:
+        return await anext(events, None)
+    except asyncio.CancelledError:
+        if not stop.stopped or task is None:
+            raise
+        task.uncancel()
+        return STOPPED
+    finally:
+        stop.waiting = None
+
+
 def sse_response(
     job: Job,
     first: Choice,
     events: AsyncIterator[Choice],
     on_close: Callable[[], None],
     on_first_sent: Callable[[], None] | None = None,
+    stop: Stop | None = None,
 ) -> EventSourceResponse:
     """The stream of ``job.n`` choices, starting from an already received first event: per
     choice the role (chat) and its first text in one write, one chunk per token, the finish
-    reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended."""
+    reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended.
+    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``."""
     closed = False
 
     async def cleanup() -> None:
@@ -240,7 +284,15 @@ def sse_response(
                             yield job.chunk([], usage_dict(total_usage(usages)))
                         yield "[DONE]"
                         return
-                item = await anext(events, None)
+                if stop is None:
+                    item = await anext(events, None)
+                else:
+                    item = await _next_unless_stopped(events, stop)
+                    if item is STOPPED:
+                        err = shutting_down_error("the stream was cut short")
+                        yield json.dumps(err.body())
+                        yield "[DONE]"
+                        return
             yield json.dumps(ApiError(500, "the core ended the stream early").body())
         except CoreError as exc:
             yield json.dumps(from_core_error(exc, job.prompt_param).body())
