@@ -5,7 +5,8 @@ buffers a header value until it ends) or send half a head and stay connected, ho
 connection forever. ``limited_protocol`` subclasses it:
 
 - a head (request line and headers) over ``max_header_bytes`` gets 431 and the connection
-  closes;
+  closes: counted as it arrives (a head still coming is refused once past the limit, before
+  httptools has buffered more) and measured from its fields once complete;
 - a head not complete ``header_timeout`` seconds after its first byte gets 408; a connection
   that sends nothing at all for that long is closed.
 
@@ -58,6 +59,7 @@ def limited_protocol(max_header_bytes: int, header_timeout: float) -> type[HttpT
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._head_bytes: int | None = 0  # bytes of the head so far; None: not in a head
+            self._head_size = 0  # request line and header fields of the current head
             self._head_timer: asyncio.TimerHandle | None = None
             self._refused = False
 
@@ -90,12 +92,39 @@ def limited_protocol(max_header_bytes: int, header_timeout: float) -> type[HttpT
             super().on_message_begin()
             if self._head_bytes is None:
                 self._head_bytes = 1  # a new head began (its first chunk was not counted)
+            self._head_size = 0
             self._arm_head_timer()
+
+        def on_url(self, url: bytes) -> None:
+            self._head_size += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_size += len(name) + len(value) + 4
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None
             self._disarm_head_timer()
+            if self._refused:
+                return
+            if max_header_bytes > 0 and self._head_size > max_header_bytes:
+                # a head that arrived whole within a read or two: measured from its fields
+                self._refuse(
+                    431,
+                    f"request headers over the limit of {max_header_bytes} bytes",
+                    "request_header_fields_too_large",
+                )
+                return
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
 
         def _arm_head_timer(self) -> None:
             if header_timeout > 0 and self._head_timer is None:
