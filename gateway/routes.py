@@ -229,6 +229,7 @@ async def _generate(request: Request, kind: type) -> Response:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
     except ClientGone:
         return Response(status_code=499)
+    state.drain.refuse_new()  # SIGTERM came while the body arrived
     state.inflight.enter()
     stop = state.drain.add()
 

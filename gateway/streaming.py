@@ -211,26 +211,6 @@ async def tagged(events: AsyncIterator[p.Event]) -> AsyncIterator[Choice]:
             yield 0, event
 
 
-STOPPED: Any = object()  # what _next_unless_stopped returns for a stopped stream
-
-
-async def _next_unless_stopped(events: AsyncIterator[Choice], stop: Stop) -> Any:
-    """The next event, None at the end, or STOPPED once ``stop`` was (or gets) stopped."""
-    if stop.stopped:
-        return STOPPED
-    task = asyncio.current_task()
-    stop.waiting = task
-    try:
-        return await anext(events, None)
-    except asyncio.CancelledError:
-        if not stop.stopped or task is None:
-            raise
-        task.uncancel()
-        return STOPPED
-    finally:
-        stop.waiting = None
-
-
 def sse_response(
     job: Job,
     first: Choice,
@@ -256,6 +236,8 @@ def sse_response(
                 await events.aclose()  # type: ignore[attr-defined]
         finally:
             on_close()
+
+    halt = stop if stop is not None else Stop()
 
     async def body() -> AsyncIterator[bytes | str]:
         started, usages = [False] * job.n, []
@@ -284,16 +266,24 @@ def sse_response(
                             yield job.chunk([], usage_dict(total_usage(usages)))
                         yield "[DONE]"
                         return
-                if stop is None:
+                if halt.stopped:
+                    break
+                # inline, not a helper: this is every token's path
+                halt.waiting = task = asyncio.current_task()
+                try:
                     item = await anext(events, None)
-                else:
-                    item = await _next_unless_stopped(events, stop)
-                    if item is STOPPED:
-                        err = shutting_down_error("the stream was cut short")
-                        yield json.dumps(err.body())
-                        yield "[DONE]"
-                        return
-            yield json.dumps(ApiError(500, "the core ended the stream early").body())
+                except asyncio.CancelledError:
+                    if not halt.stopped or task is None:
+                        raise
+                    task.uncancel()  # our own stop, not the server's cancellation
+                    break
+                finally:
+                    halt.waiting = None
+            else:
+                yield json.dumps(ApiError(500, "the core ended the stream early").body())
+                return
+            yield json.dumps(shutting_down_error("the stream was cut short").body())
+            yield "[DONE]"
         except CoreError as exc:
             yield json.dumps(from_core_error(exc, job.prompt_param).body())
         finally:
