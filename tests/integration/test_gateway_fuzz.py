@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from .gateway_fixtures import *  # noqa: F403
@@ -66,9 +66,52 @@ field_values = st.one_of(
 )
 printable = st.characters(min_codepoint=32, max_codepoint=126)
 header_text = st.text(printable, max_size=30).map(str.strip)  # h11 refuses edge spaces
-content_types = st.sampled_from(
-    ["application/json", "application/json; charset=utf-8", "APPLICATION/JSON;charset=latin-1"]
-) | st.one_of(st.sampled_from(["text/plain", "application/x-www-form-urlencoded", ""]), header_text)
+VALID_TYPES = ["application/json", "application/json; charset=utf-8", "Application/JSON;x=1"]
+content_types = st.one_of(
+    st.sampled_from(VALID_TYPES),
+    st.sampled_from(VALID_TYPES),
+    st.sampled_from(VALID_TYPES),
+    st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "", "application/jsonx"])
+    | header_text,
+)
+unit = st.floats(0, 1)
+# well-typed values of the fields both routes know, so that many requests reach the core
+valid_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.floats(0, 2),
+        "top_p": unit,
+        "seed": st.integers(-(2**63), 2**64),
+        "stop": text | st.lists(text, max_size=4),
+        "presence_penalty": st.floats(-2, 2),
+        "frequency_penalty": st.floats(-2, 2),
+        "logit_bias": st.dictionaries(
+            st.integers(0, 262143).map(str), st.floats(-100, 100), max_size=3
+        ),
+        "user": text,
+        "n": st.integers(1, 3),
+        "stream": st.booleans(),
+        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+        "service_tier": st.sampled_from(["auto", "default", "flex", "priority", "scale"]),
+        "priority": st.integers(-5, 5),
+        "qos": st.sampled_from(["interactive", "background"]),
+        "ignore_eos": st.booleans(),
+        "model": st.just("Gemma 3 270m") | text,
+    },
+)
+completion_fields = st.fixed_dictionaries(
+    {}, optional={"echo": st.booleans(), "logprobs": st.integers(0, 5), "best_of": st.just(1)}
+)
+chat_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "logprobs": st.booleans(),
+        "top_logprobs": st.integers(0, 5),
+        "max_completion_tokens": st.integers(1, CHEAP_TOKENS),
+        "response_format": st.just({"type": "text"}),
+        "tool_choice": st.just("none"),
+    },
+)
 
 
 def cheap(value: Any) -> Any:
@@ -83,16 +126,19 @@ def requests(draw: st.DrawFn) -> tuple[str, dict[str, str], bytes]:
     route = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
     if route == "/v1/completions":
         body: Any = {"prompt": draw(text), "max_tokens": CHEAP_TOKENS}
+        body.update(draw(completion_fields))
     else:
         body = {"messages": [{"role": "user", "content": draw(text)}], "max_tokens": CHEAP_TOKENS}
-    body.update(draw(st.lists(field_values, max_size=5)))
+        body.update(draw(chat_fields))
+    body.update(draw(valid_fields))
+    body.update(draw(st.lists(field_values, max_size=3) | st.just([])))  # wrong ones, or none
     for key in ("max_tokens", "max_completion_tokens"):
         if key in body:
             body[key] = cheap(body[key])
-    kind = draw(st.integers(0, 9))
-    if kind == 0:
+    kind = draw(st.sampled_from(["body"] * 8 + ["json", "bytes"]))  # the first is the simplest
+    if kind == "bytes":
         raw = draw(st.binary(max_size=64))  # not JSON, or not an object
-    elif kind == 1:
+    elif kind == "json":
         raw = json.dumps(draw(json_values)).encode()  # any JSON value at all
     else:
         raw = json.dumps(body).encode()
@@ -145,7 +191,10 @@ def test_fuzz_http_layer(fuzz_gw, umad, model_id):
     @given(requests())
     def one(request: tuple[str, dict[str, str], bytes]) -> None:
         route, headers, raw = request
-        check_answer(client.post(route, content=raw, headers=headers))
+        r = client.post(route, content=raw, headers=headers)
+        event(f"status {r.status_code}")  # shown by --hypothesis-show-statistics
+        print("STATUS", r.status_code, r.headers.get("content-type"), r.text[:100].replace("\n", " "))
+        check_answer(r)
 
     try:
         one()
