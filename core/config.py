@@ -24,6 +24,9 @@ LEGACY_KEYS = frozenset(
     {"ipc.backlog", "scheduler.start_target_tokens", "metrics.tick_interval_ms"}
 )
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
+# --deterministic: tokens per decode at most (ggml's CPU flash attention takes its tiled
+# kernel from 64 query rows up, another kernel with other rounding)
+DETERMINISTIC_BATCH = 63
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Config:
     spec_max_streams: int = 4
     pin_prefix: str = ""
     seed: int | None = None
+    deterministic: str = "off"
     log_level: str = "info"
 
 
@@ -199,6 +203,14 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "cache.pin_prefix",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
+    "deterministic": (
+        "on: a request's output depends only on the request (greedy text, and sampled text "
+        "with a seed, bit-identical whatever ran before): one request at a time, decodes of "
+        f"2..{DETERMINISTIC_BATCH} tokens, the prefix cache's entries kept on the host "
+        '(docs/MEMORY.md, "Reproducible greedy output"); overrides --n-seq, --n-batch, '
+        "--n-ubatch. CPU backend",
+        "deterministic",
+    ),
     "log_level": (
         "debug, info, warning or error (debug: a line per tick, and ggml's messages past "
         "start-up, one per decode on a GPU)",
@@ -320,6 +332,8 @@ def validate(c: Config) -> None:
         problems.append("compute_nice must be in [0, 19]")
     if c.overlap not in ("auto", "on", "off"):
         problems.append("overlap must be auto, on or off")
+    if c.deterministic not in ("on", "off"):
+        problems.append("deterministic must be on or off")
     if c.spec_draft < -1:
         problems.append("spec_draft must be -1 (auto), 0 (off) or positive")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0 or c.pause_every < 1:

@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,7 +40,21 @@ def on_passing_thread(work: Callable[..., T], *args: object) -> T:
         return pool.submit(work, *args).result()
 
 
+def deterministic(config: cfg.Config) -> cfg.Config:
+    """--deterministic's overrides: one request at a time, every decode within
+    DETERMINISTIC_BATCH tokens (docs/MEMORY.md, "Reproducible greedy output")."""
+    if config.deterministic != "on":
+        return config
+    n = cfg.DETERMINISTIC_BATCH
+    log.info("deterministic: one request at a time, decodes of 2..%d tokens", n)
+    if gpu_offload(config.n_gpu_layers):
+        log.warning("deterministic: checked on the CPU backend only, not with GPU layers")
+    return replace(config, n_seq=1, n_batch=n, n_ubatch=n, reserved_interactive_seqs=0)
+
+
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
+    config = deterministic(config)
+    det = config.deterministic == "on"
     prefix_cache = config.prefix_cache_tokens > 0 and config.prefix_cache_slots > 0
     on_gpu = gpu_offload(config.n_gpu_layers)
     sampler = config.sampler
@@ -59,10 +74,14 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_seq=config.n_seq,
             threads=config.threads,
             n_gpu_layers=config.n_gpu_layers,
-            # reusing a cached prefix needs the SWA layers' KV of every position it covers
-            swa_full=prefix_cache,
-            n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
-            shadow=prefix_cache,
+            # reusing a cached prefix needs the SWA layers' KV of every position it covers;
+            # deterministic: no cell may be recycled either (its request's cells stay in
+            # position order), and the cache's entries live on the host, not in the context
+            swa_full=prefix_cache or det,
+            n_seq_cache=config.prefix_cache_slots if prefix_cache and not det else 0,
+            shadow=prefix_cache or det,
+            deterministic=det,
+            flash_attn=1 if det else -1,
             # backend sampling: room for speculative verification's 1 + drafts outputs
             max_outputs_per_seq=spec_draft + 1 if sampler.startswith("backend") else 0,
             device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
@@ -107,6 +126,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         sampler=sampler,
         overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
+        prefix_cache_slots=config.prefix_cache_slots,
         compute_nice=config.compute_nice,
         fail_decode=faults.decode_fail,
     )

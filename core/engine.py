@@ -53,6 +53,7 @@ class Engine:
         reserved_interactive: int = 0,
         sampler: str = "numpy",
         prefix_cache_tokens: int = 0,
+        prefix_cache_slots: int = 0,
         overlap: bool = False,
         compute_nice: int = 0,
         fail_decode: str | None = None,
@@ -71,7 +72,9 @@ class Engine:
         self._rng = random.Random(seed)
         self._inbox = Inbox(runtime.abort, runtime.clear_abort)
         self._queue = AdmissionQueue(range(runtime.params.n_seq), reserved_interactive)
-        self._prefix = PrefixStore.build(runtime, self.metrics, constraints, prefix_cache_tokens)
+        self._prefix = PrefixStore.build(
+            runtime, self.metrics, constraints, prefix_cache_tokens, prefix_cache_slots
+        )
         self._spec = constraints.spec_max_draft
         self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
         self._running: dict[int, Sequence] = {}  # seq_id -> sequence

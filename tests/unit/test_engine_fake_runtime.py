@@ -21,6 +21,7 @@ class Params:
     n_seq: int = 4
     n_seq_cache: int = 0
     device_top_k: int = 0
+    deterministic: bool = False
 
 
 class FakeRuntime:
