@@ -259,7 +259,10 @@ class Router:
         if self.single is not None:
             return
         while True:
-            await self.healths()
+            try:
+                await self.healths()
+            except Exception as exc:  # noqa: BLE001 (the checks must go on)
+                log.warning("core health check failed: %s: %s", type(exc).__name__, exc)
             await asyncio.sleep(self.health_interval)
 
     # --- what the routes ask ---------------------------------------------------------------
