@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=512,
         help="with several cores and no session key (X-Session-Id header or OpenAI 'user'): "
-        "the leading characters of the prompt or messages that pick the core",
+        "the leading characters of a prompt, or of each chat message up to the first user "
+        "message, that pick the core",
     )
     ap.add_argument(
         "--balance-slack",

@@ -94,17 +94,17 @@ class RouteMiddleware:
 
 
 def affinity_key(gen: p.Generate, session: str | None, chars: int) -> bytes:
-    """What a request is routed by: its session key, else the start of its prompt."""
+    """What a request is routed by: its session key; else, for a chat, its messages up to and
+    including the first user message (each cut at ``chars``): the same conversation at every
+    turn, while chats that share only a system prompt spread; else the prompt's start."""
     if session:
         return b"s\x00" + session.encode()
     if gen.prompt is not None:
         return b"p\x00" + gen.prompt[:chars].encode()
-    parts, left = [], chars
+    parts = []
     for m in gen.messages or ():
-        text = m.content[:left]
-        parts.append(f"{m.role}\x00{text}\x01")
-        left -= len(text)
-        if left <= 0:
+        parts.append(f"{m.role}\x00{m.content[:chars]}\x01")
+        if m.role == "user":
             break
     return b"m\x00" + "".join(parts).encode()
 

@@ -41,11 +41,18 @@ def test_affinity_key_prefers_the_session_then_the_prompt_start():
     assert affinity_key(gen("abc"), "s1", 2) == affinity_key(gen("xyz"), "s1", 2)
     assert affinity_key(gen("abcdef"), None, 3) == affinity_key(gen("abcxyz"), None, 3)
     assert affinity_key(gen("abcdef"), None, 4) != affinity_key(gen("abcxyz"), None, 4)
-    sys_msg = p.Message(role="system", content="You are terse.")
-    a = p.Generate(id="a", messages=[sys_msg, p.Message(role="user", content="one")])
-    b = p.Generate(id="b", messages=[sys_msg, p.Message(role="user", content="two")])
-    assert affinity_key(a, None, 10) == affinity_key(b, None, 10)  # within the system prompt
-    assert affinity_key(a, None, 100) != affinity_key(b, None, 100)
+    system = p.Message(role="system", content="You are terse. " * 100)  # shared, long
+
+    def chat(*texts: str) -> p.Generate:
+        roles = ["user", "assistant"] * len(texts)
+        messages = [p.Message(role=r, content=t) for r, t in zip(roles, texts, strict=False)]
+        return p.Generate(id="c", messages=[system, *messages])
+
+    # the same conversation at its first and third turn: one key; another conversation with
+    # the same system prompt: another key
+    first, third = chat("Plan a trip."), chat("Plan a trip.", "Where to?", "Rome.")
+    assert affinity_key(first, None, 64) == affinity_key(third, None, 64)
+    assert affinity_key(first, None, 64) != affinity_key(chat("Fix my code."), None, 64)
 
 
 class FakePool:
