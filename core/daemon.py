@@ -74,6 +74,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_seq=config.n_seq,
             threads=config.threads,
             n_gpu_layers=config.n_gpu_layers,
+            split_mode=config.split_mode,
+            tensor_split=cfg.tensor_shares(config.tensor_split),
+            main_gpu=config.main_gpu,
             # reusing a cached prefix needs the SWA layers' KV of every position it covers;
             # deterministic: no cell may be recycled either (its request's cells stay in
             # position order), and the cache's entries live on the host, not in the context
