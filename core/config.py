@@ -313,6 +313,9 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
             values[name] = env[env_name(name)]
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    for k, v in values.items():  # YAML reads an unquoted on/off as a boolean
+        if isinstance(v, bool) and types[k] is str:
+            values[k] = "on" if v else "off"
     try:
         typed = {k: types[k](v) if v is not None else None for k, v in values.items()}
     except (TypeError, ValueError) as exc:

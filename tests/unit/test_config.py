@@ -51,6 +51,21 @@ def test_drain_timeout_from_flag_env_and_yaml(tmp_path) -> None:
         cfg.load(["--drain-timeout", "-1"], environ={})
 
 
+def test_deterministic_from_flag_env_and_yaml(tmp_path) -> None:
+    from uma_serve.core.daemon import deterministic
+
+    assert cfg.load([], environ={}).deterministic == "off"
+    path = tmp_path / "uma.yaml"
+    path.write_text("deterministic: on\n")  # YAML's boolean
+    assert cfg.load(["--config", str(path)], environ={}).deterministic == "on"
+    c = cfg.load([], environ={"UMA_DETERMINISTIC": "on"})
+    d = deterministic(c)  # the daemon's overrides: one request at a time, short decodes
+    assert (d.n_seq, d.n_batch, d.n_ubatch) == (1, cfg.DETERMINISTIC_BATCH, cfg.DETERMINISTIC_BATCH)
+    assert deterministic(cfg.load([], environ={})) == cfg.load([], environ={})
+    with pytest.raises(ValueError, match="deterministic must be on or off"):
+        cfg.load(["--deterministic", "yes"], environ={})
+
+
 @pytest.mark.parametrize(
     "argv", [["--n-seq", "0"], ["--log-level", "loud"], ["--n-ctx", "64"], ["--quiet-ms", "-1"]]
 )
