@@ -105,7 +105,6 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
         sampler=sampler,
-        overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
         compute_nice=config.compute_nice,
         fail_decode=faults.decode_fail,
