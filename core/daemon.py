@@ -69,7 +69,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         )
     )
     on_passing_thread(runtime.warm_up)
-    names = [n.strip() for n in config.policy.split(",") if n.strip()]
+    names = cfg.policy_names(config)
     facts = runtime.info.facts()
     guarded = "latency" in names
     constraints = Constraints(
@@ -91,8 +91,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         spec_max_streams=config.spec_max_streams,
     )
     tuner = None
-    if "tuner" in names:
-        names.remove("tuner")
+    if config.tuner == "on":
         tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
     holder: dict[str, CoreServer] = {}
     engine = Engine(

@@ -1,31 +1,25 @@
 """What the engine learns from the ticks it runs, for the next plans.
 
-After every tick: the smoothed tick costs, the online tick-time model, the engine's own
-per-tick overhead (time between ticks outside llama_decode), the LatencyGuard's hysteresis
-state and the sweet-spot tuner's observation. The result is the immutable ``EngineStats`` the
-next SchedulerState carries; the matching figures go to the metrics.
+After every tick: the online tick-time model (the one cost estimate), the engine's own per-tick
+overhead (time between ticks outside llama_decode), the LatencyGuard's hysteresis (its own
+``observe`` step) and the sweet-spot tuner's observation. The result is the immutable
+``EngineStats`` the next SchedulerState carries; the tick's statistics (its predicted time, its
+estimated bytes) go to the metrics only.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import (
-    Constraints,
-    EngineStats,
-    Phase,
-    Plan,
-    SchedulerState,
-    plan_shape,
-)
+from uma_serve.core.policy import Constraints, EngineStats, Phase, Plan, SchedulerState, plan_shape
+from uma_serve.core.policy import latency_guard as guard
+from uma_serve.core.policy.bmt import tick_bytes
 from uma_serve.core.policy.tickmodel import OnlineTickModel
 from uma_serve.core.policy.tuner import SweetSpotTuner
 
 EWMA_ALPHA = 0.2
-MAX_RECOVERY_TICKS = 4  # slow ticks after a pause counted at most
 log = logging.getLogger("uma.engine")  # the engine's tick log (debug level)
 
 
@@ -49,10 +43,6 @@ class TickLearner:
         self._tuner = tuner
         self._prev_tick: tuple[float, float] | None = None  # (start, decode ms) of the last tick
         self._overhead_ms = 0.0
-        # interactive ticks over budget right after a pause (a GPU re-captures its decode
-        # graph after a prefill tick): counted while it lasts, then smoothed
-        self._recovering: int | None = None
-        self._recovery_ticks = 2.0  # as measured on an H100 (CUDA graph re-capture)
 
     def idle(self) -> None:
         """The engine waits for work: the time until the next tick is not overhead."""
@@ -66,45 +56,36 @@ class TickLearner:
     def tick_decoded(self, t0: float, ms: float) -> None:
         self._prev_tick = (t0, ms)
 
-    def decode_failed(self) -> None:
-        self.stats = replace(self.stats, last_decode_failed=True)
-
     def record(self, ms: float, plan: Plan, state: SchedulerState, m: EngineMetrics) -> None:
         n_decode = plan.n_decode
         n_prefill = plan.n_tokens - n_decode  # drafted tokens cost like prompt tokens
         n_draft = sum(i.n_tokens - 1 for i in plan.items if i.phase is Phase.DECODE)
         st = self.stats
-        base, per_tok = st.base_tick_ms_ewma, st.prefill_ms_per_token_ewma
-        if n_prefill == 0:
-            base = ewma(base, ms)
-        elif n_prefill >= 8:
-            per_tok = ewma(per_tok, max(ms - (base if n_decode else 0.0), 0.0) / n_prefill)
         views = {v.seq_id: v for v in state.sessions}
-        self._model.update(plan_shape(plan.items, views), ms)
-        hold, ramp = self._next_guard_state(ms, plan, views, m)
+        shape = plan_shape(plan.items, views)
+        predicted = st.cost.predict(shape)  # what the plan was made with
+        self._model.update(shape, ms)
+        g = guard.observe(st.guard, ms, plan, views, self._model.cost, self.constraints)
         if self._tuner is not None:
             self._tuner.observe(plan.n_tokens, ms, contended=bool(plan.parked))
         self.stats = EngineStats(
-            decode_ms_ewma=ewma(st.decode_ms_ewma, ms),
-            base_tick_ms_ewma=base,
-            prefill_ms_per_token_ewma=per_tok,
-            last_tick_tokens=plan.n_tokens,
-            last_decode_failed=False,
             cost=self._model.cost,
             overhead_ms_ewma=self._overhead_ms,
             tick=st.tick + 1,
-            guard_hold=hold,
-            guard_ramp=ramp,
+            guard=g,
             bg_decoders_cap=self._tuner.s if self._tuner else st.bg_decoders_cap,
             bg_burst=self._tuner.k if self._tuner else st.bg_burst,
         )
         m.record_tick(ms, n_decode, n_prefill - n_draft)
-        m.tick_ms_predicted_last = plan.predicted_ms or 0.0
+        m.ticks_paused_total += plan.pause
+        m.ticks_over_budget_total += g.overran
+        m.tick_ms_predicted_last = predicted
         m.tick_overhead_ms_ewma = self._overhead_ms
         m.tick_budget_ms_last = plan.budget_ms or 0.0
-        m.prefill_guard_active = int(plan.guard_active or hold > 0)
+        m.prefill_guard_active = int(plan.guard_active or g.hold > 0)
         m.parked_sessions = len(plan.parked)
-        m.bmt_estimate_last = plan.bmt_estimate or 0.0
+        c = self.constraints
+        m.bmt_estimate_last = tick_bytes(plan.items, views, c.model) if c.bmt_budget_gbs else 0.0
         m.bg_decoders_cap = self.stats.bg_decoders_cap if self._tuner else 0
         m.bg_burst = self.stats.bg_burst
         if log.isEnabledFor(logging.DEBUG):
@@ -118,49 +99,9 @@ class TickLearner:
                 n_draft,
                 len(plan.parked),
                 ms,
-                plan.predicted_ms or 0.0,
+                predicted,
                 f"{plan.budget_ms:.1f}" if plan.budget_ms is not None else "-",
                 ", pause" if plan.pause else "",
                 *(getattr(self._model.cost, k) for k in "abcde"),
                 " ".join(items_text(plan, views)),
             )
-
-    def _next_guard_state(
-        self, ms: float, plan: Plan, views: dict, m: EngineMetrics
-    ) -> tuple[int, int | None]:
-        """Hysteresis: an overrun tick that carried background work holds background prefill
-        for hold_ticks, then re-enables it with a cap that doubles each tick. A pause tick
-        (stepped cost) holds it long enough that pauses, with the slow ticks that follow
-        them, stretch one protected gap in pause_every; so does a chat turn's prompt tick,
-        so that the new stream's first gaps are no pauses (they are its TTF5)."""
-        st, c = self.stats, self.constraints
-        background_work = any(
-            i.phase is Phase.PREFILL or views[i.seq_id].qos != "interactive" for i in plan.items
-        )
-        over = plan.budget_ms is not None and ms > plan.budget_ms
-        if plan.pause:  # background got its chunk: the next pause comes later
-            m.ticks_paused_total += 1
-            self._recovering = 0
-            return round(c.pause_every * (1.0 + self._recovery_ticks)), None
-        chat_turn = any(
-            i.phase is Phase.PREFILL and views[i.seq_id].qos == "interactive" for i in plan.items
-        )
-        if chat_turn and self._model.cost.stepped(c.min_prefill_tokens):
-            return max(st.guard_hold, round(c.pause_every * (1.0 + self._recovery_ticks))), None
-        if self._recovering is not None and any(
-            views[i.seq_id].qos == "interactive" for i in plan.items
-        ):
-            if over and self._recovering < MAX_RECOVERY_TICKS:
-                self._recovering += 1
-            else:
-                self._recovery_ticks = 0.5 * (self._recovery_ticks + self._recovering)
-                self._recovering = None
-        if over and background_work:
-            m.ticks_over_budget_total += 1
-            return max(c.hold_ticks, st.guard_hold - 1), None
-        if st.guard_hold > 0:
-            return st.guard_hold - 1, (1 if st.guard_hold == 1 else None)
-        if st.guard_ramp is not None:
-            ramp = st.guard_ramp * 2
-            return 0, ramp if ramp < c.n_batch else None
-        return 0, None

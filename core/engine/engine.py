@@ -20,7 +20,7 @@ from uma_serve.core.engine.scheduler import Scheduler
 from uma_serve.core.engine.tick import Outgoing
 from uma_serve.core.inbox import Cancel, CancelConnection, Inbox, Op, Submission
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import Constraints, IBatchPolicy
+from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
 from uma_serve.core.priority import lower_current_thread
@@ -36,7 +36,7 @@ class Engine:
     def __init__(
         self,
         runtime: Runtime,
-        policy: IBatchPolicy,
+        policy: Policy,
         constraints: Constraints,
         sink: Sink,
         metrics: EngineMetrics | None = None,

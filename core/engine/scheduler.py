@@ -19,7 +19,7 @@ from uma_serve.core.admission import AdmissionQueue
 from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
 from uma_serve.core.inbox import Submission
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import Constraints, IBatchPolicy, Phase, SchedulerState
+from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
 from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
@@ -38,7 +38,7 @@ class Scheduler:
     def __init__(
         self,
         runtime: Runtime,
-        policy: IBatchPolicy,
+        policy: Policy,
         constraints: Constraints,
         metrics: EngineMetrics,
         samplers: Samplers,
@@ -211,7 +211,6 @@ class Scheduler:
         if failure is Failure.RETRY:  # finished sequences' KV was freed after it
             self.learner.idle()
             return
-        self.learner.decode_failed()
         if failure is Failure.NO_SLOT and self._prefix is not None and self._prefix.evict_all():
             log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
             return

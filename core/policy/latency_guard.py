@@ -11,9 +11,10 @@ conversation is recent, and by the batch alone once none has been for ``quiet_ms
 chunks prefill up to ~40% faster on a CPU); the engine cuts such a tick short when a chat turn
 arrives (on a CPU; a GPU finishes its tick).
 
-Hysteresis: after a tick that overran its budget the engine sets ``guard_hold`` (no bulk
-prefill for H ticks) then ``guard_ramp`` (a prefill cap that doubles each tick). Nothing
-starves: a session not advanced for ``starve_ms`` gets one token even over budget.
+Hysteresis (``GuardState``, stepped by ``observe`` after every tick): after a tick that
+overran its budget bulk prefill is held for ``hold_ticks`` ticks, then capped by a ramp that
+doubles each tick. Nothing starves: a session not advanced for ``starve_ms`` gets one token
+even over budget.
 
 Stepped cost (a GPU): when any prefill makes a tick a step slower (the model's ``e``, worth
 more than ``min_prefill_tokens`` prompt tokens) and that step alone breaks the budget, small
@@ -28,22 +29,81 @@ prompt that waited ``starve_ms`` gets a pause at once, not a one-token chunk.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from uma_serve.core.policy.state import (
+from uma_serve.core.policy.plan import (
     BatchItem,
     Constraints,
     Phase,
     Plan,
-    SchedulerState,
+    SessionView,
     item_shape,
     views_by_seq,
 )
-from uma_serve.core.policy.tickmodel import TickShape
+from uma_serve.core.policy.tickmodel import TickCost, TickShape
 from uma_serve.core.policy.work import INTERACTIVE
+
+if TYPE_CHECKING:
+    from uma_serve.core.policy.state import SchedulerState
 
 STARVED_CHUNK = 1  # tokens a starved session gets in a tick over budget
 UNLIMITED = 1 << 30
+MAX_RECOVERY_TICKS = 4  # slow ticks after a pause counted at most
+
+
+@dataclass(frozen=True, slots=True)
+class GuardState:
+    """The guard's memory between ticks: ``observe`` steps it, ``LatencyGuard.apply`` reads it."""
+
+    hold: int = 0  # ticks left during which bulk prefill is held
+    ramp: int | None = None  # prefill cap while re-enabling after a hold (doubles each tick)
+    # interactive ticks over budget right after a pause (a GPU re-captures its decode graph
+    # after a prefill tick): counted while it lasts (None: not counting), then smoothed
+    recovering: int | None = None
+    recovery_ticks: float = 2.0  # as measured on an H100 (CUDA graph re-capture)
+    overran: bool = False  # the last tick ran over its budget with bulk work in it
+
+
+def observe(
+    g: GuardState, ms: float, plan: Plan, views: dict[int, SessionView], cost: TickCost,
+    c: Constraints,
+) -> GuardState:  # fmt: skip
+    """The state after a tick of ``ms`` that ran ``plan`` (``cost``: the model refitted with it).
+
+    An overrun tick that carried bulk work holds bulk prefill for hold_ticks, then re-enables
+    it with a cap that doubles each tick. A pause tick (stepped cost) holds it long enough that
+    pauses, with the slow ticks that follow them, stretch one protected gap in pause_every; so
+    does a chat turn's prompt tick, so that the new stream's first gaps are no pauses (they are
+    its TTF5)."""
+    interactive = [views[i.seq_id].qos == INTERACTIVE for i in plan.items]
+    pause_hold = round(c.pause_every * (1.0 + g.recovery_ticks))
+    if plan.pause:  # bulk work got its chunk: the next pause comes later
+        return GuardState(pause_hold, None, 0, g.recovery_ticks)
+    chat_turn = any(
+        i.phase is Phase.PREFILL and fg for i, fg in zip(plan.items, interactive, strict=True)
+    )
+    if chat_turn and cost.stepped(c.min_prefill_tokens):
+        return replace(g, hold=max(g.hold, pause_hold), ramp=None, overran=False)
+    over = plan.budget_ms is not None and ms > plan.budget_ms
+    recovering, r = g.recovering, g.recovery_ticks
+    if recovering is not None and any(interactive):
+        if over and recovering < MAX_RECOVERY_TICKS:
+            recovering += 1
+        else:
+            recovering, r = None, 0.5 * (r + recovering)
+    g = GuardState(g.hold, g.ramp, recovering, r)
+    bulk = any(
+        i.phase is Phase.PREFILL or not fg for i, fg in zip(plan.items, interactive, strict=True)
+    )
+    if over and bulk:
+        return replace(g, hold=max(c.hold_ticks, g.hold - 1), ramp=None, overran=True)
+    if g.hold > 0:
+        return replace(g, hold=g.hold - 1, ramp=1 if g.hold == 1 else None)
+    if g.ramp is not None:
+        ramp = g.ramp * 2
+        return replace(g, ramp=ramp if ramp < c.n_batch else None)
+    return g
 
 
 class LatencyGuard:
@@ -89,11 +149,9 @@ class LatencyGuard:
         else:
             budget = c.bg_tick_ms
         if not bulk:
-            return replace(
-                plan, items=tuple(kept), budget_ms=budget, predicted_ms=cost.predict(shape)
-            )
-        held = protected and stats.guard_hold > 0
-        prefill_cap = stats.guard_ramp if stats.guard_ramp is not None else UNLIMITED
+            return replace(plan, items=tuple(kept), budget_ms=budget)
+        held = protected and stats.guard.hold > 0
+        prefill_cap = stats.guard.ramp if stats.guard.ramp is not None else UNLIMITED
         bulk_prefill = [i for i in bulk if i.phase is Phase.PREFILL]
         # a starved prompt's forced progress comes as a pause too: a one-token chunk would pay
         # the whole step (and the slow ticks after it) for one token
@@ -130,7 +188,6 @@ class LatencyGuard:
             items=tuple(kept),
             parked=plan.parked + tuple(parked),
             budget_ms=budget,
-            predicted_ms=cost.predict(shape),
             guard_active=plan.guard_active or trimmed or held,
             pause=pause,
         )

@@ -18,14 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from uma_serve.core.policy.state import (
-    Constraints,
-    Phase,
-    Plan,
-    SchedulerState,
-    plan_shape,
-    views_by_seq,
-)
+from uma_serve.core.policy.plan import Constraints, Phase, Plan, plan_shape, views_by_seq
+from uma_serve.core.policy.state import SchedulerState
 
 NGRAM_MAX = 3
 NGRAM_MIN = 2

@@ -16,7 +16,7 @@ work bulk, including its decode tokens.
 
 from __future__ import annotations
 
-from uma_serve.core.policy.state import Constraints
+from uma_serve.core.policy.plan import Constraints
 from uma_serve.core.policy.tickmodel import TickCost
 
 INTERACTIVE = "interactive"

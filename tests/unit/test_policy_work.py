@@ -6,7 +6,7 @@ import pytest
 
 from uma_serve.core import protocol as p
 from uma_serve.core.admission import AdmissionQueue
-from uma_serve.core.policy import Constraints, EngineStats, Phase, SchedulerState
+from uma_serve.core.policy import Constraints, EngineStats, Phase, SchedulerState, plan_shape
 from uma_serve.core.policy.latency_guard import LatencyGuard
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.tickmodel import TickCost, TickShape
@@ -77,7 +77,8 @@ def test_guard_keeps_an_unlabeled_paste_out_of_the_chats_decode_ticks():
     state = SchedulerState((chat.view(), paste.view()), EngineStats(cost=CPU), 10**10, 10**10)
     plan = build_policy(["qos", "latency"]).schedule_tick(state, C)
     prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
-    assert plan.predicted_ms <= 1.2 * CPU.predict(TickShape(1, 0, 0.0))  # the chat's budget
+    views = {v.seq_id: v for v in state.sessions}
+    assert CPU.predict(plan_shape(plan.items, views)) <= 1.2 * CPU.predict(TickShape(1, 0, 0.0))
     assert plan.items[0].seq_id == 0 and prefill == 1  # 2.9 ms of room at 1.9 ms a token
     unlabeled_as_chat = seq(1500, sid=1)  # the same prompt treated as a chat turn
     state = SchedulerState(
