@@ -16,11 +16,11 @@ from typing import TypeVar
 from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, builtin_template
 from uma_serve.core.engine import Engine
+from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.faults import Faults
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
 from uma_serve.core.socket_path import SocketPathError, claim_socket_path

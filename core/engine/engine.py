@@ -16,17 +16,17 @@ import threading
 from collections.abc import Callable
 
 from uma_serve.core.engine.executor import Executor
+from uma_serve.core.engine.inbox import Cancel, CancelConnection, Inbox, Op, Submission
+from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
+from uma_serve.core.engine.sequence import RequestKey
 from uma_serve.core.engine.tick import Outgoing
-from uma_serve.core.inbox import Cancel, CancelConnection, Inbox, Op, Submission
+from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
-from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
-from uma_serve.core.priority import lower_current_thread
 from uma_serve.core.runtime import Runtime
 from uma_serve.core.samplers import Samplers
-from uma_serve.core.sequence import RequestKey
 
 log = logging.getLogger("uma.engine")
 Sink = Callable[[list[Outgoing]], None]

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 
 from uma_serve.core import protocol as p
+from uma_serve.core.engine.inbox import Inbox
+from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.engine.tick import Batch, Failure, Sampled, TickResult
 from uma_serve.core.faults import DECODE_FAIL_RC
-from uma_serve.core.inbox import Inbox
 from uma_serve.core.policy import BatchItem, Phase
 from uma_serve.core.runtime import Runtime, Span
 from uma_serve.core.samplers import Samplers
-from uma_serve.core.sequence import Sequence
 
 ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 

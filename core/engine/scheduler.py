@@ -3,7 +3,7 @@
 It owns the running set and the admission queue, uses the prefix cache on admission and on
 a sequence's end, shows the policy a side-effect-free snapshot, and after the executor's tick
 turns the sampled tokens into events (text, stops, lengths, ends) and the tick's time into
-what the next plans learn from (core/tick_learner.py).
+what the next plans learn from (core/engine/learner.py).
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from uma_serve.core import protocol as p
-from uma_serve.core.admission import AdmissionQueue
+from uma_serve.core.engine.inbox import Submission
+from uma_serve.core.engine.learner import TickLearner
+from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
-from uma_serve.core.inbox import Submission
+from uma_serve.core.engine.tuner import SweetSpotTuner
+from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
-from uma_serve.core.policy.spec import NgramIndex
-from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
-from uma_serve.core.prefix_store import PrefixStore
+from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime import Runtime
 from uma_serve.core.samplers import Samplers
-from uma_serve.core.sequence import Sequence
-from uma_serve.core.speculation import WorkloadAcceptance, accept, propose_drafts
-from uma_serve.core.tick_learner import TickLearner
+from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
+from uma_serve.core.spec.ngram import NgramIndex
 
 log = logging.getLogger("uma.engine")
 Match = Callable[[Sequence], bool]
@@ -53,7 +53,7 @@ class Scheduler:
         self.metrics = metrics
         self._samplers = samplers
         self._rng = random.Random(seed)
-        self._queue = AdmissionQueue(range(runtime.params.n_seq), reserved_interactive)
+        self._queue = WaitingQueue(range(runtime.params.n_seq), reserved_interactive)
         self._prefix = PrefixStore.build(runtime, metrics, constraints, prefix_cache_tokens)
         self._spec = constraints.spec_max_draft
         self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate

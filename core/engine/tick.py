@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from uma_serve.core import protocol as p
+from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.policy import Plan, SchedulerState
-from uma_serve.core.sequence import Sequence
 
 Outgoing = tuple[int, p.Event]  # (connection id, event)
 

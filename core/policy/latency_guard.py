@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from uma_serve.core.policy.cost import TickCost, TickShape
 from uma_serve.core.policy.plan import (
     BatchItem,
     Constraints,
@@ -41,7 +42,6 @@ from uma_serve.core.policy.plan import (
     item_shape,
     views_by_seq,
 )
-from uma_serve.core.policy.tickmodel import TickCost, TickShape
 from uma_serve.core.policy.work import INTERACTIVE
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from uma_serve.core.policy.baseline import BaselinePolicy
 from uma_serve.core.policy.bmt import BmtGuard
+from uma_serve.core.policy.lanes import QosLanes
 from uma_serve.core.policy.latency_guard import LatencyGuard
 from uma_serve.core.policy.plan import Constraints, Plan
-from uma_serve.core.policy.qos import QosLanes
 from uma_serve.core.policy.spec import SpeculativeDecode
 from uma_serve.core.policy.state import PlanTransformer, Policy, SchedulerState
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from uma_serve.core.policy.tickmodel import TickShape
+from uma_serve.core.policy.cost import TickShape
 
 if TYPE_CHECKING:
     from uma_serve.core.policy.state import SchedulerState

@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from uma_serve.core.policy.cost import TickCost
 from uma_serve.core.policy.latency_guard import GuardState
 from uma_serve.core.policy.plan import Constraints, Plan, SessionView
-from uma_serve.core.policy.tickmodel import TickCost
 
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """What the engine learned from the ticks it ran (core/tick_learner.py)."""
+    """What the engine learned from the ticks it ran (core/engine/learner.py)."""
 
     cost: TickCost = TickCost()  # the fitted tick-time model: the one cost estimate
     overhead_ms_ewma: float = 0.0  # engine time per tick outside llama_decode, smoothed

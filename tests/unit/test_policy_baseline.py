@@ -8,7 +8,7 @@ from uma_serve.core.policy import (
     SchedulerState,
     SessionView,
 )
-from uma_serve.core.policy.tickmodel import TickCost
+from uma_serve.core.policy.cost import TickCost
 
 
 def view(seq: int, phase: Phase, pending: int = 0, arrival: int = 0) -> SessionView:

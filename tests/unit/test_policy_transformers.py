@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from uma_serve.core.engine.learner import TickLearner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BatchItem, Constraints, EngineStats, Phase, Plan, SchedulerState
 from uma_serve.core.policy import SessionView as View
 from uma_serve.core.policy.bmt import BmtGuard, tick_bytes, weight_bytes
+from uma_serve.core.policy.cost import TickCost
+from uma_serve.core.policy.lanes import QosLanes
 from uma_serve.core.policy.latency_guard import STARVED_CHUNK, GuardState, LatencyGuard
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.plan import ModelFacts, plan_shape
-from uma_serve.core.policy.qos import QosLanes
-from uma_serve.core.policy.tickmodel import TickCost
-from uma_serve.core.tick_learner import TickLearner
 
 NOW = 10_000_000_000
 COST = TickCost(a=15.0, b=3.0, c=3.0, d=0.0, samples=100)  # decode 1: 18 ms; +3 ms per token

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from uma_serve.core.sequence import Sequence
+from uma_serve.core.engine.sequence import Sequence
 
 
 class WorkloadAcceptance:

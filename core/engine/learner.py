@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import time
 
+from uma_serve.core.engine.tickmodel import OnlineTickModel
+from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, EngineStats, Phase, Plan, SchedulerState, plan_shape
 from uma_serve.core.policy import latency_guard as guard
 from uma_serve.core.policy.bmt import tick_bytes
-from uma_serve.core.policy.tickmodel import OnlineTickModel
-from uma_serve.core.policy.tuner import SweetSpotTuner
 
 EWMA_ALPHA = 0.2
 log = logging.getLogger("uma.engine")  # the engine's tick log (debug level)

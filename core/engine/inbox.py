@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from uma_serve.core import protocol as p
-from uma_serve.core.sequence import RequestKey
+from uma_serve.core.engine.sequence import RequestKey
 
 
 @dataclass(frozen=True)
