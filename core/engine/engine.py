@@ -25,7 +25,7 @@ from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
-from uma_serve.core.runtime import Runtime
+from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.samplers import Samplers
 
 log = logging.getLogger("uma.engine")
@@ -35,7 +35,7 @@ Sink = Callable[[list[Outgoing]], None]
 class Engine:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeApi,
         policy: Policy,
         constraints: Constraints,
         sink: Sink,

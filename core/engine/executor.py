@@ -18,7 +18,8 @@ from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.engine.tick import Batch, Failure, Sampled, TickResult
 from uma_serve.core.faults import DECODE_FAIL_RC
 from uma_serve.core.policy import BatchItem, Phase
-from uma_serve.core.runtime import Runtime, Span
+from uma_serve.core.runtime import Span
+from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.samplers import Samplers
 
 ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
@@ -26,7 +27,7 @@ ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 
 class Executor:
     def __init__(
-        self, runtime: Runtime, samplers: Samplers, inbox: Inbox, fail_decode: str | None = None
+        self, runtime: RuntimeApi, samplers: Samplers, inbox: Inbox, fail_decode: str | None = None
     ) -> None:
         self.runtime = runtime
         self.samplers = samplers

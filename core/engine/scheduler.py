@@ -25,7 +25,7 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
-from uma_serve.core.runtime import Runtime
+from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.samplers import Samplers
 from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
 from uma_serve.core.spec.ngram import NgramIndex
@@ -37,7 +37,7 @@ Match = Callable[[Sequence], bool]
 class Scheduler:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeApi,
         policy: Policy,
         constraints: Constraints,
         metrics: EngineMetrics,

@@ -16,13 +16,14 @@ from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
 from uma_serve.core.prefix.index import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
-from uma_serve.core.runtime import Runtime, Span
+from uma_serve.core.runtime import Span
+from uma_serve.core.runtime.api import RuntimeApi
 
 
 class PrefixStore:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeApi,
         index: PrefixIndex,
         metrics: EngineMetrics,
         n_batch: int,
@@ -36,7 +37,7 @@ class PrefixStore:
 
     @classmethod
     def build(
-        cls, runtime: Runtime, metrics: EngineMetrics, constraints: Constraints, budget: int
+        cls, runtime: RuntimeApi, metrics: EngineMetrics, constraints: Constraints, budget: int
     ) -> PrefixStore | None:
         """The engine's prefix cache: None when off (no token budget or no cache ids)."""
         n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache

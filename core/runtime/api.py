@@ -1,0 +1,59 @@
+"""What the engine needs of a runtime: the ``RuntimeApi`` protocol.
+
+``Runtime`` (runtime.py, llama.cpp) implements it; so does the unit tests' fake runtime, which
+decodes instantly without a model. The engine, its scheduler and executor, the prefix cache
+and the samplers are typed against this protocol, not against llama.cpp.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
+
+if TYPE_CHECKING:
+    from uma_serve.core.runtime.chain import Sampler
+
+
+@runtime_checkable
+class RuntimeApi(Protocol):
+    params: RuntimeParams
+    n_ctx: int  # KV cells in all
+    n_ctx_per_seq: int  # prompt + output a sequence may hold
+
+    # ---- decode ----
+    def decode(self, spans: list[Span]) -> tuple[int, list[int]]:
+        """One llama_decode over the spans: its rc and each span's logits row (-1: none)."""
+        ...
+
+    def synchronize(self) -> None: ...
+    def abort(self) -> None:
+        """Stop a running decode (any thread); it returns rc 2."""
+        ...
+
+    def clear_abort(self) -> None: ...
+
+    # ---- the rows of the last decode ----
+    def logits_row(self, row: int) -> np.ndarray: ...
+    def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The device's top-k (ids, logits) of each row (device_top_k > 0)."""
+        ...
+
+    def set_device_top_k(self, seq_id: int, on: bool) -> None: ...
+    def new_sampler(
+        self, params: SamplingParams, default_seed: int, backend_seq: int | None = None
+    ) -> Sampler: ...
+    def sample(self, sampler: Sampler, row: int) -> int: ...
+
+    # ---- tokens ----
+    def piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+
+    # ---- KV memory ----
+    def seq_clear(self, seq_id: int) -> None: ...
+    def seq_trim(self, seq_id: int, from_pos: int) -> None: ...
+    def seq_copy(self, src: int, dst: int, n: int) -> None: ...
+    def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool: ...
+    def seq_load(self, path: str, seq_id: int, capacity: int) -> list[int] | None: ...
