@@ -106,50 +106,48 @@ def observe(
     return g
 
 
+class _Kept:
+    """The items a tick keeps so far, and their shape for the tick-time model."""
+
+    def __init__(self, state: SchedulerState, c: Constraints) -> None:
+        self.views = views_by_seq(state)
+        self.state, self.c, self.cost = state, c, state.stats.cost
+        self.items: list[BatchItem] = []
+        self.shape = TickShape(0, 0, 0.0)
+
+    def keep(self, item: BatchItem) -> None:
+        self.items.append(item)
+        self.shape = self.shape + item_shape(item, self.views[item.seq_id])
+
+    def keep_chunk(self, item: BatchItem, n: int) -> None:
+        self.keep(replace(item, n_tokens=n, logits=n == self.views[item.seq_id].pending_prefill))
+
+    def room(self, budget: float) -> int:
+        """Prompt tokens that still fit ``budget`` (ms) by the model."""
+        s = self.shape
+        return self.cost.prefill_that_fits(s.decode, s.kv_k, budget) - s.prefill
+
+    def fits(self, item: BatchItem, budget: float) -> bool:
+        return self.cost.predict(self.shape + item_shape(item, self.views[item.seq_id])) <= budget
+
+    def starved(self, item: BatchItem) -> bool:
+        last = self.views[item.seq_id].last_progress_ns
+        return self.state.now_ns - last > self.c.starve_ms * 1e6
+
+
 class LatencyGuard:
     def apply(self, plan: Plan, state: SchedulerState, c: Constraints) -> Plan:
         if plan.empty:
             return plan
-        views = views_by_seq(state)
-        stats, cost = state.stats, state.stats.cost
-        kept: list[BatchItem] = []
-        shape = TickShape(0, 0, 0.0)  # of kept, kept up to date as items join
-
-        def keep(item: BatchItem) -> None:
-            nonlocal shape
-            kept.append(item)
-            shape = shape + item_shape(item, views[item.seq_id])
-
-        def room(budget: float) -> int:
-            return cost.prefill_that_fits(shape.decode, shape.kv_k, budget) - shape.prefill
-
-        def starved(item: BatchItem) -> bool:
-            return state.now_ns - views[item.seq_id].last_progress_ns > c.starve_ms * 1e6
-
-        protected_items = {i.seq_id for i in plan.items if views[i.seq_id].qos == INTERACTIVE}
-        bulk = [i for i in plan.items if i.seq_id not in protected_items]
-        for item in plan.items:
-            if item.phase is Phase.DECODE and item.seq_id in protected_items:
-                keep(item)
-        # chat turns' prompts: in chunks that fit the stretch while other streams decode; as
-        # fast as the base plan allows when none does
-        decoding = bool(kept)
-        stretch = c.slo_ttft_ms or c.bg_tick_ms
-        for item in plan.items:
-            if item.phase is Phase.PREFILL and item.seq_id in protected_items:
-                n = min(item.n_tokens, max(room(stretch) if decoding else item.n_tokens, 1))
-                keep(replace(item, n_tokens=n, logits=n == views[item.seq_id].pending_prefill))
-        protected = bool(kept)
-        if protected:
-            solo = cost.predict(shape) + stats.overhead_ms_ewma
-            budget = c.slo_tbt_ms or solo * (1.0 + c.headroom)
-            budget -= stats.overhead_ms_ewma  # compare with predicted decode time
-        elif c.quiet_ms and state.now_ns - state.last_interactive_ns > c.quiet_ms * 1e6:
-            budget = UNLIMITED  # abortable: no conversation is going on
-        else:
-            budget = c.bg_tick_ms
+        t = _Kept(state, c)
+        protected_ids = {i.seq_id for i in plan.items if t.views[i.seq_id].qos == INTERACTIVE}
+        self._keep_protected(t, [i for i in plan.items if i.seq_id in protected_ids])
+        protected = bool(t.items)
+        budget = self._budget(t, protected)
+        bulk = [i for i in plan.items if i.seq_id not in protected_ids]
         if not bulk:
-            return replace(plan, items=tuple(kept), budget_ms=budget)
+            return replace(plan, items=tuple(t.items), budget_ms=budget)
+        stats, cost = state.stats, t.cost
         held = protected and stats.guard.hold > 0
         prefill_cap = stats.guard.ramp if stats.guard.ramp is not None else UNLIMITED
         bulk_prefill = [i for i in bulk if i.phase is Phase.PREFILL]
@@ -159,35 +157,68 @@ class LatencyGuard:
             protected
             and bool(bulk_prefill)
             and cost.stepped(c.min_prefill_tokens)
-            and (not held or any(starved(i) for i in bulk_prefill))
-            and room(budget) < c.min_prefill_tokens
+            and (not held or any(t.starved(i) for i in bulk_prefill))
+            and t.room(budget) < c.min_prefill_tokens
         )
         if pause:  # the stretched gap: the protected work, the step and a step's worth of tokens
-            budget = min(c.bg_tick_ms, cost.predict(shape) + 2 * cost.e)
+            budget = min(c.bg_tick_ms, cost.predict(t.shape) + 2 * cost.e)
             prefill_cap, held = UNLIMITED, False
-        parked: list[int] = []
-        for item in bulk:  # in the plan's order, while it fits
-            if item.phase is Phase.DECODE:
-                fits = cost.predict(shape + item_shape(item, views[item.seq_id])) <= budget
-                if fits or starved(item):
-                    keep(item)
-                else:
-                    parked.append(item.seq_id)
-                continue
-            # unprotected ticks always carry a minimum chunk: a mis-predicting model (a slow
-            # moment of the machine) must not stall bulk prompts
-            floor = 0 if protected else c.min_prefill_tokens
-            n = 0 if held else min(item.n_tokens, max(room(budget), floor, 0), prefill_cap)
-            if n <= 0 and starved(item):
-                n = min(item.n_tokens, STARVED_CHUNK)
-            if n > 0:
-                keep(replace(item, n_tokens=n, logits=n == views[item.seq_id].pending_prefill))
-        trimmed = sum(i.n_tokens for i in kept) < plan.n_tokens
+        parked = self._fill_bulk(t, bulk, budget, protected, held, prefill_cap)
+        trimmed = sum(i.n_tokens for i in t.items) < plan.n_tokens
         return replace(
             plan,
-            items=tuple(kept),
+            items=tuple(t.items),
             parked=plan.parked + tuple(parked),
             budget_ms=budget,
             guard_active=plan.guard_active or trimmed or held,
             pause=pause,
         )
+
+    @staticmethod
+    def _keep_protected(t: _Kept, protected: list[BatchItem]) -> None:
+        """Every protected decode; chat turns' prompts in chunks that fit the stretch while
+        other streams decode, as fast as the base plan allows when none does."""
+        for item in protected:
+            if item.phase is Phase.DECODE:
+                t.keep(item)
+        decoding = bool(t.items)
+        stretch = t.c.slo_ttft_ms or t.c.bg_tick_ms
+        for item in protected:
+            if item.phase is Phase.PREFILL:
+                n = min(item.n_tokens, max(t.room(stretch) if decoding else item.n_tokens, 1))
+                t.keep_chunk(item, n)
+
+    @staticmethod
+    def _budget(t: _Kept, protected: bool) -> float:
+        """The tick's time budget (predicted decode time, ms)."""
+        c, st = t.c, t.state
+        if protected:
+            overhead = st.stats.overhead_ms_ewma
+            solo = t.cost.predict(t.shape) + overhead
+            return (c.slo_tbt_ms or solo * (1.0 + c.headroom)) - overhead
+        if c.quiet_ms and st.now_ns - st.last_interactive_ns > c.quiet_ms * 1e6:
+            return UNLIMITED  # abortable: no conversation is going on
+        return c.bg_tick_ms
+
+    @staticmethod
+    def _fill_bulk(
+        t: _Kept, bulk: list[BatchItem], budget: float, protected: bool, held: bool, cap: int
+    ) -> list[int]:
+        """Bulk work in the plan's order while it fits; the decoders left out (parked)."""
+        parked: list[int] = []
+        for item in bulk:
+            if item.phase is Phase.DECODE:
+                if t.fits(item, budget) or t.starved(item):
+                    t.keep(item)
+                else:
+                    parked.append(item.seq_id)
+                continue
+            # unprotected ticks always carry a minimum chunk: a mis-predicting model (a slow
+            # moment of the machine) must not stall bulk prompts
+            floor = 0 if protected else t.c.min_prefill_tokens
+            n = 0 if held else min(item.n_tokens, max(t.room(budget), floor, 0), cap)
+            if n <= 0 and t.starved(item):
+                n = min(item.n_tokens, STARVED_CHUNK)
+            if n > 0:
+                t.keep_chunk(item, n)
+        return parked
