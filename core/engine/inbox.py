@@ -13,14 +13,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine.sequence import RequestKey
 
 
-@dataclass(frozen=True)
-class Submission:
+class Submission(msgspec.Struct, frozen=True, tag=True):
     """A request as the I/O thread hands it over: tokenized, stamped on arrival."""
 
     key: RequestKey
@@ -29,21 +29,20 @@ class Submission:
     arrival_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(msgspec.Struct, frozen=True, tag=True):
     """Cancel one request (a client's cancel)."""
 
     key: RequestKey
 
 
-@dataclass(frozen=True, slots=True)
-class CancelConnection:
+class CancelConnection(msgspec.Struct, frozen=True, tag=True):
     """Cancel every request of a connection (it closed)."""
 
     conn_id: int
 
 
-Op = Submission | Cancel | CancelConnection  # what the inbox carries, besides the stop order
+# what the inbox carries besides the stop order: a tagged union, handled with ``match``
+Op = Submission | Cancel | CancelConnection
 
 
 class Inbox:
