@@ -44,42 +44,26 @@ class Histogram(msgspec.Struct):
     count: int = 0
 
 
-H = "histogram"
+def _h(doc: str, prom: str, prom_help: str) -> Meta:
+    return _m(doc, prom, prom_help, "histogram")
+
+
+_TTFT = ("uma_time_to_first_token_seconds", "Time from arrival to the first token.")
+_ITL = ("uma_inter_token_latency_seconds", "Time between consecutive tokens.")
+_E2E = ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a request.")
+_QUEUE = ("uma_request_queue_time_seconds", "Time a request waited before its prefill.")
+_QOS_TTFT = ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class.")
+_QOS_ITL = ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class.")
+_NEW_H = msgspec.field(default_factory=Histogram)
 
 
 class Histograms(msgspec.Struct):
-    ttft_ms: Annotated[
-        Histogram,
-        _m(
-            "arrival to first token",
-            "uma_time_to_first_token_seconds",
-            "Time from arrival to the first token.",
-            H,
-        ),
-    ] = msgspec.field(default_factory=Histogram)
+    ttft_ms: Annotated[Histogram, _h("arrival to first token", *_TTFT)] = _NEW_H
     inter_token_ms: Annotated[
-        Histogram,
-        _m(
-            "gap between consecutive tokens of one request",
-            "uma_inter_token_latency_seconds",
-            "Time between consecutive tokens.",
-            H,
-        ),
-    ] = msgspec.field(default_factory=Histogram)
-    e2e_ms: Annotated[
-        Histogram,
-        _m(
-            "arrival to final event",
-            "uma_e2e_request_latency_seconds",
-            "Time from arrival to the end of a request.",
-            H,
-        ),
-    ] = msgspec.field(default_factory=Histogram)
-    queue_ms: Annotated[
-        Histogram,
-        _m("arrival to the start of prefill", "uma_request_queue_time_seconds",
-           "Time a request waited before its prefill.", H),
-    ] = msgspec.field(default_factory=Histogram)  # fmt: skip
+        Histogram, _h("gap between consecutive tokens of one request", *_ITL)
+    ] = _NEW_H
+    e2e_ms: Annotated[Histogram, _h("arrival to final event", *_E2E)] = _NEW_H
+    queue_ms: Annotated[Histogram, _h("arrival to the start of prefill", *_QUEUE)] = _NEW_H
 
 
 class QosHistograms(msgspec.Struct):
@@ -87,19 +71,15 @@ class QosHistograms(msgspec.Struct):
 
     ttft_ms: Annotated[
         dict[str, Histogram],
-        _m(
+        _h(
             "TTFT by the prompt's class (a chat turn's is interactive, a long or labeled "
             "prompt's background)",
-            "uma_qos_time_to_first_token_seconds",
-            "Time to the first token, by QoS class.",
-            H,
+            *_QOS_TTFT,
         ),
     ] = {}
     inter_token_ms: Annotated[
-        dict[str, Histogram],
-        _m("inter-token gaps by the request's label", "uma_qos_inter_token_latency_seconds",
-           "Inter-token gaps, by QoS class.", H),
-    ] = {}  # fmt: skip
+        dict[str, Histogram], _h("inter-token gaps by the request's label", *_QOS_ITL)
+    ] = {}
 
 
 class MetricsSnapshot(msgspec.Struct, kw_only=True):
@@ -278,7 +258,8 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     bmt_estimate_last: Annotated[
         float,
         _m(
-            "ΣBMT: bytes the last tick is estimated to move (0 without `--bmt-budget`)",
+            "the bandwidth guard's estimate (ΣBMT) of the bytes the last tick moves: weights plus "
+            "attended KV (0 without `--bmt-budget`)",
             "uma_bmt_estimate_bytes",
             "Estimated bytes the last tick moved.",
         ),
@@ -286,14 +267,18 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     bmt_budget: Annotated[
         float,
         _m(
-            "ΣBMT budget in bytes/s (0: guard off)",
+            "the bandwidth guard's budget in bytes/s (`--bmt-budget`; 0: guard off)",
             "uma_bmt_budget_bytes_per_second",
             "ΣBMT guard budget (0: off).",
         ),
     ] = 0.0
-    tuner: Annotated[TunerState, _m("the sweet-spot tuner's S and k")] = msgspec.field(
-        default_factory=TunerState
-    )
+    tuner: Annotated[
+        TunerState,
+        _m(
+            "the sweet-spot tuner's settings: background decoders served per tick, and ticks a "
+            "served background decoder keeps its turn (docs/POLICY.md)"
+        ),
+    ] = msgspec.field(default_factory=TunerState)
     prefix_cache_queries_total: Annotated[
         int,
         _m(

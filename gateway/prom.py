@@ -70,60 +70,83 @@ def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricF
     )
 
 
-def qos_histogram_family(name: str, doc: str, by_qos: dict[str, Any]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=["qos"])
-    for qos, h in by_qos.items():
-        family.add_metric([qos], cumulative_buckets(h), h.get("sum", 0.0) / 1000.0)
-    return family
+Snapshots = list[tuple[str, dict[str, Any] | None]]  # (core, its snapshot or None: down)
 
 
 class CoreCollector(Collector):
-    """Families built from the last snapshot handed to ``set_snapshot`` (None: core down)."""
+    """Families built from the last snapshots handed to ``set_snapshots``. One core: the
+    series carry no ``core`` label; several: every series carries one (its socket path)."""
 
     def __init__(self) -> None:
-        self._snapshot: dict[str, Any] | None = None
+        self._snapshots: Snapshots = [("", None)]
 
     def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
-        self._snapshot = snapshot
+        self._snapshots = [("", snapshot)]
+
+    def set_snapshots(self, snapshots: Snapshots) -> None:
+        self._snapshots = snapshots
 
     def describe(self) -> list[Metric]:
         return []  # families vary with the snapshot; skip registry-time checks
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot
-        up = GaugeMetricFamily("uma_core_up", "1 when the core answered the metrics request.")
-        up.add_metric([], 1.0 if snap is not None else 0.0)
+        by_core = len(self._snapshots) > 1
+        base = ["core"] if by_core else []
+        live = [(([core] if by_core else []), s) for core, s in self._snapshots if s is not None]
+
+        def family(kind: type, name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return kind(name, doc, labels=[*base, *labels])
+
+        up = family(
+            GaugeMetricFamily, "uma_core_up", "1 when the core answered the metrics request."
+        )
+        for core, snap in self._snapshots:
+            up.add_metric([core] if by_core else [], 1.0 if snap is not None else 0.0)
         yield up
-        if snap is None:
+        if not live:
             return
-        for key, (name, doc) in GAUGES.items():
-            if key in snap:
-                yield GaugeMetricFamily(name, doc, value=float(snap[key]))
-        tick = GaugeMetricFamily(
-            "uma_tick_tokens", "Tokens in the last tick, by phase.", labels=["phase"]
-        )
-        for phase, n in (snap.get("tokens_per_tick") or {}).items():
-            tick.add_metric([phase], float(n))
+
+        def flat(table: dict[str, tuple[str, str]], kind: type) -> Iterator[Metric]:
+            for key, (name, doc) in table.items():
+                fam = family(kind, name, doc)
+                for labels, snap in live:
+                    if key in snap:
+                        fam.add_metric(labels, float(snap[key]))
+                if fam.samples:
+                    yield fam
+
+        yield from flat(GAUGES, GaugeMetricFamily)
+        tick = family(GaugeMetricFamily, *TICK_TOKENS, labels=("phase",))
+        for labels, snap in live:
+            for phase, n in (snap.get("tokens_per_tick") or {}).items():
+                tick.add_metric([*labels, phase], float(n))
         yield tick
-        for key, (name, doc) in COUNTERS.items():
-            if key in snap:
-                yield CounterMetricFamily(name, doc, value=float(snap[key]))
-        done = CounterMetricFamily(
-            "uma_request_success_total",
-            "Requests finished in the core, by finish reason.",
-            labels=["finished_reason"],
-        )
-        for reason, n in (snap.get("requests_total") or {}).items():
-            done.add_metric([reason], float(n))
+        yield from flat(COUNTERS, CounterMetricFamily)
+        done = family(CounterMetricFamily, *SUCCESS, labels=("finished_reason",))
+        for labels, snap in live:
+            for reason, n in (snap.get("requests_total") or {}).items():
+                done.add_metric([*labels, reason], float(n))
         yield done
         for key, (name, doc) in HISTOGRAMS.items():
-            h = (snap.get("histograms") or {}).get(key)
-            if h:
-                yield histogram_family(name, doc, h)
+            fam = family(HistogramMetricFamily, name, doc)
+            for labels, snap in live:
+                if h := (snap.get("histograms") or {}).get(key):
+                    fam.add_metric(labels, cumulative_buckets(h), h.get("sum", 0.0) / 1000.0)
+            if fam.samples:
+                yield fam
         for key, (name, doc) in QOS_HISTOGRAMS.items():
-            by_qos = (snap.get("histograms_by_qos") or {}).get(key) or {}
-            if by_qos:
-                yield qos_histogram_family(name, doc, by_qos)
+            fam = family(HistogramMetricFamily, name, doc, labels=("qos",))
+            for labels, snap in live:
+                for qos, h in ((snap.get("histograms_by_qos") or {}).get(key) or {}).items():
+                    fam.add_metric(
+                        [*labels, qos], cumulative_buckets(h), h.get("sum", 0.0) / 1000.0
+                    )
+            if fam.samples:
+                yield fam
+
+
+TICK_TOKENS = ("uma_tick_tokens", "Tokens in the last tick, by phase.")
+SUCCESS = ("uma_request_success_total", "Requests finished in the core, by finish reason.")
 
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -158,6 +181,13 @@ class GatewayMetrics:
             "What the gateway adds to a stream's time to first token: request arrival to the "
             "core request sent, plus the first core event to the first body byte handed out.",
             buckets=ADDED_BUCKETS,
+            registry=self.registry,
+        )
+        self.routed = Counter(
+            "uma_gateway_routed_requests",
+            "Core requests sent to each core (several cores), by why that core: affinity, "
+            "balance (the preferred core was busy), round_robin, retry (an earlier core failed).",
+            ["core", "reason"],
             registry=self.registry,
         )
         self.inflight = Gauge(

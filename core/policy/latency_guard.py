@@ -40,6 +40,7 @@ from uma_serve.core.policy.plan import (
     Plan,
     SessionView,
     item_shape,
+    plan_shape,
     views_by_seq,
 )
 from uma_serve.core.policy.work import INTERACTIVE
@@ -96,7 +97,7 @@ def observe(
     bulk = any(
         i.phase is Phase.PREFILL or not fg for i, fg in zip(plan.items, interactive, strict=True)
     )
-    if over and bulk:
+    if over and bulk and _bulk_caused(ms, plan, views, cost):
         return replace(g, hold=max(c.hold_ticks, g.hold - 1), ramp=None, overran=True)
     if g.hold > 0:
         return replace(g, hold=g.hold - 1, ramp=1 if g.hold == 1 else None)
@@ -104,6 +105,18 @@ def observe(
         ramp = g.ramp * 2
         return replace(g, ramp=ramp if ramp < c.n_batch else None)
     return g
+
+
+def _bulk_caused(ms: float, plan: Plan, views: dict[int, SessionView], cost: TickCost) -> bool:
+    """Whether the bulk work's predicted share made the tick overrun: without it the tick
+    would have kept its budget. An overrun that the protected work alone explains is the
+    machine's noise (another process, a frequency drop); holding bulk prefill for it would
+    starve long prompts on a busy machine, a few tokens every hold_ticks ticks."""
+    protected = tuple(i for i in plan.items if views[i.seq_id].qos == INTERACTIVE)
+    bulk_ms = cost.predict(plan_shape(plan.items, views)) - cost.predict(
+        plan_shape(protected, views)
+    )
+    return ms - bulk_ms <= (plan.budget_ms or 0.0)
 
 
 class _Kept:
