@@ -28,107 +28,28 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from uma_serve.core import protocol as p
+
 # The *_created series only add noise for a long-running gateway's counters.
 disable_created_metrics()
 
-# snapshot histogram key -> (metric name, help)
-HISTOGRAMS = {
-    "ttft_ms": ("uma_time_to_first_token_seconds", "Time from arrival to the first token."),
-    "inter_token_ms": ("uma_inter_token_latency_seconds", "Time between consecutive tokens."),
-    "e2e_ms": ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a request."),
-    "queue_ms": ("uma_request_queue_time_seconds", "Time a request waited before its prefill."),
-}
-# snapshot key -> (gauge name, help)
-GAUGES = {
-    "active_sessions": ("uma_num_requests_running", "Requests holding a sequence in the core."),
-    "waiting_sessions": ("uma_num_requests_waiting", "Requests queued for a sequence."),
-    "parked_sessions": ("uma_num_requests_parked", "Decoders the policy skipped last tick."),
-    "served_decoders": ("uma_served_decoders", "Sequences decoded in the last tick."),
-    "prefill_guard_active": (
-        "uma_prefill_guard_active",
-        "1 when a guard held back work in the last tick (or hysteresis holds prefill).",
-    ),
-    "tick_ms_predicted_last": (
-        "uma_tick_ms_predicted",
-        "The tick-time model's prediction for the last tick (ms).",
-    ),
-    "tick_budget_ms_last": ("uma_tick_budget_ms", "The time budget of the last tick (ms)."),
-    "tick_overhead_ms_ewma": (
-        "uma_tick_overhead_ms_ewma",
-        "Engine time per tick outside llama_decode, smoothed (ms).",
-    ),
-    "bmt_estimate_last": ("uma_bmt_estimate_bytes", "Estimated bytes the last tick moved."),
-    "bmt_budget": ("uma_bmt_budget_bytes_per_second", "ΣBMT guard budget (0: off)."),
-    "decode_ms_ewma": ("uma_decode_ms_ewma", "EWMA of llama_decode time per tick (ms)."),
-    "decode_ms_last": ("uma_decode_ms_last", "llama_decode time of the last tick (ms)."),
-    "batch_size_last": ("uma_batch_size_last", "Tokens in the last tick's batch."),
-    "kv_cache_usage_ratio": ("uma_kv_cache_usage_ratio", "Used share of the KV cache (0-1)."),
-    "kv_cells_used": ("uma_kv_cells_used", "KV cache cells in use."),
-    "kv_cells_total": ("uma_kv_cells_total", "KV cache cells in total."),
-    "uptime_s": ("uma_core_uptime_seconds", "Seconds since the core started."),
-    "prefix_cache_resident_tokens": (
-        "uma_prefix_cache_resident_tokens",
-        "KV cells held by the prefix cache (cells shared between entries counted once).",
-    ),
-    "prefix_cache_entries": ("uma_prefix_cache_entries", "Cached prefixes resident."),
-    "spec_acceptance_rate": (
-        "uma_spec_acceptance_rate",
-        "Accepted / drafted tokens of speculative decoding since start.",
-    ),
-}
-# snapshot key -> (counter name, help)
-COUNTERS = {
-    "prompt_tokens_total": ("uma_prompt_tokens_total", "Prompt tokens prefilled."),
-    "tokens_generated_total": ("uma_generation_tokens_total", "Tokens generated."),
-    "batch_calls_total": ("uma_batch_calls_total", "llama_decode calls (ticks)."),
-    "decode_failures_total": ("uma_decode_failures_total", "llama_decode calls that failed."),
-    "ticks_over_budget_total": (
-        "uma_ticks_over_budget_total",
-        "Ticks whose decode time passed the budget the guard planned for.",
-    ),
-    "ticks_aborted_total": (
-        "uma_ticks_aborted_total",
-        "Background ticks stopped mid-decode because an interactive request arrived.",
-    ),
-    "ticks_paused_total": (
-        "uma_ticks_paused_total",
-        "Whole-batch background ticks among interactive ones (stepped tick cost: a GPU).",
-    ),
-    "prefix_cache_queries_total": (
-        "uma_prefix_cache_queries_total",
-        "Admitted requests looked up in the prefix cache.",
-    ),
-    "prefix_cache_hits_total": (
-        "uma_prefix_cache_hits_total",
-        "Admitted requests that reused a cached prefix.",
-    ),
-    "prefix_cache_cached_tokens_total": (
-        "uma_prefix_cache_cached_tokens_total",
-        "Prompt tokens whose KV came from the prefix cache instead of prefill.",
-    ),
-    "prompt_tokens_reused_total": (
-        "uma_prompt_tokens_reused_total",
-        "Prompt tokens taken from a recent prompt's tokenization (not tokenized again).",
-    ),
-    "prefix_cache_evictions_total": (
-        "uma_prefix_cache_evictions_total",
-        "Times the whole prefix cache was dropped because running sequences needed the KV.",
-    ),
-    "spec_drafted_tokens_total": (
-        "uma_spec_drafted_tokens_total",
-        "Prompt-lookup draft tokens verified by speculative decoding.",
-    ),
-    "spec_accepted_tokens_total": (
-        "uma_spec_accepted_tokens_total",
-        "Draft tokens accepted (identical to what the model sampled).",
-    ),
-}
+
+def _families(kind: str, under: str = "") -> dict[str, tuple[str, str]]:
+    """snapshot key -> (metric name, help) of one kind, from protocol.MetricsSnapshot (the one
+    declaration of the core's figures; docs/METRICS.md is generated from it too)."""
+    out: dict[str, tuple[str, str]] = {}
+    for path, _, meta in p.metric_fields():
+        extra = meta.extra or {}
+        parent, _, key = path.rpartition(".")
+        if extra.get("prom") and parent == under and p.prom_kind(path, meta) == kind:
+            out[key] = (extra["prom"], extra["prom_help"])
+    return out
 
 
-QOS_HISTOGRAMS = {
-    "ttft_ms": ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class."),
-    "inter_token_ms": ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class."),
-}
+HISTOGRAMS = _families("histogram", "histograms")
+GAUGES = _families("gauge")
+COUNTERS = _families("counter")
+QOS_HISTOGRAMS = _families("histogram", "histograms_by_qos")
 
 
 def cumulative_buckets(h: dict[str, Any]) -> list[tuple[str, float]]:

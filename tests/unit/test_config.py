@@ -95,6 +95,25 @@ def test_config_doc_lists_every_option() -> None:
     assert cfg.options_table() in doc
 
 
+def test_removed_options_are_accepted_with_a_warning(tmp_path, caplog) -> None:
+    path = tmp_path / "uma.yaml"
+    path.write_text("scheduler:\n  overlap: auto\n")
+    with caplog.at_level("WARNING", logger="uma.config"):
+        cfg.load(["--overlap", "on", "--config", str(path)], environ={"UMA_OVERLAP": "off"})
+    assert caplog.text.count("option overlap was removed and is ignored") == 3
+
+
+def test_tuner_is_its_own_option_and_policy_lists_transformers_only(caplog) -> None:
+    c = cfg.load([], environ={})
+    assert (cfg.policy_names(c), c.tuner) == (["qos", "spec", "latency", "bmt"], "on")
+    with caplog.at_level("WARNING", logger="uma.config"):
+        old = cfg.load(["--policy", "qos,latency,tuner"], environ={})
+    assert (old.policy, old.tuner) == ("qos,latency", "on") and "--tuner on" in caplog.text
+    assert cfg.load(["--policy", "qos,tuner", "--tuner", "off"], environ={}).tuner == "off"
+    with pytest.raises(ValueError, match="unknown transformer"):
+        cfg.load(["--policy", "qos,warp-drive"], environ={})
+
+
 def test_gpu_split_options(tmp_path) -> None:
     c = cfg.load([], environ={})
     assert (c.split_mode, c.tensor_split, c.main_gpu) == ("layer", "", 0)  # llama.cpp's own

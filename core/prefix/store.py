@@ -1,6 +1,6 @@
 """The engine's side of the prefix cache: KV memory ops around the PrefixIndex.
 
-The index (core/policy/prefix.py) decides what is cached and what is evicted; this class
+The index (core/prefix/index.py) decides what is cached and what is evicted; this class
 applies it to the context: tag cached cells with a new sequence's id on admission, keep a
 finished sequence's KV under a cache id, drop everything when running sequences need the
 room, and pin a prefix (saved to / restored from a file with llama_state_seq_*).
@@ -12,17 +12,18 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterable
 
+from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
-from uma_serve.core.policy.prefix import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
-from uma_serve.core.runtime import Runtime, Span
-from uma_serve.core.sequence import Sequence
+from uma_serve.core.prefix.index import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
+from uma_serve.core.runtime import Span
+from uma_serve.core.runtime.api import RuntimeApi
 
 
 class PrefixStore:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeApi,
         index: PrefixIndex,
         metrics: EngineMetrics,
         n_batch: int,
@@ -37,7 +38,7 @@ class PrefixStore:
     @classmethod
     def build(
         cls,
-        runtime: Runtime,
+        runtime: RuntimeApi,
         metrics: EngineMetrics,
         constraints: Constraints,
         budget: int,
@@ -200,7 +201,7 @@ class SnapshotStore:
     cold computation puts them; with the deterministic runtime's shapes that makes a reused
     prefix bit-identical to a cold one (docs/MEMORY.md, "Reproducible greedy output")."""
 
-    def __init__(self, runtime: Runtime, index: PrefixIndex, metrics: EngineMetrics) -> None:
+    def __init__(self, runtime: RuntimeApi, index: PrefixIndex, metrics: EngineMetrics) -> None:
         self.runtime = runtime
         self._prefix = index
         self.metrics = metrics
