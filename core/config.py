@@ -401,8 +401,6 @@ def validate(c: Config) -> None:
         )
     if c.tuner not in ("on", "off"):
         problems.append("tuner must be on or off")
-    if c.overlap not in ("auto", "on", "off"):
-        problems.append("overlap must be auto, on or off")
     if c.deterministic not in ("on", "off"):
         problems.append("deterministic must be on or off")
     if c.spec_draft < -1:

@@ -79,6 +79,15 @@ class FakeRuntime:
     def seq_load(self, path: str, seq_id: int, capacity: int) -> list[int] | None:
         raise NotImplementedError
 
+    def seq_state(self, seq_id: int) -> bytes:  # --deterministic's snapshots: not used here
+        raise NotImplementedError
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def clear_all(self) -> None:
+        raise NotImplementedError
+
 
 def test_the_fake_runtime_implements_the_engines_runtime_protocol() -> None:
     assert isinstance(FakeRuntime(), RuntimeApi)
