@@ -72,6 +72,8 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool = True
     ignore_eos: bool = False
     qos: QoS = "interactive"
+    # GBNF text (root rule ``root``) constraining the output: llama.cpp's grammar sampler
+    grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

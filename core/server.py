@@ -23,6 +23,7 @@ from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
 from uma_serve.core.prompt_tokens import PromptTokenizer
 from uma_serve.core.runtime import Runtime
+from uma_serve.core.runtime.grammar import GrammarError, check_grammar
 
 log = logging.getLogger("uma.server")
 _conn_ids = itertools.count(1)
@@ -197,6 +198,11 @@ class CoreServer:
         if req.logit_bias and (top := max(req.logit_bias)) >= self.runtime.n_vocab:
             vocab = f"(0..{self.runtime.n_vocab - 1})"
             return p.E_PROTO, f"logit_bias token id {top} is not in the vocabulary {vocab}"
+        if req.grammar is not None:
+            try:
+                check_grammar(self.runtime.vocab, req.grammar)
+            except GrammarError as exc:
+                return p.E_PROTO, f"invalid generate request: 'grammar': {exc}"
         if req.messages is not None:
             size = sum(len(m.content.encode()) for m in req.messages)
         else:

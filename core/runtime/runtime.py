@@ -185,6 +185,12 @@ class Runtime:
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """The vocabulary's end-of-generation tokens that have an id (EOS, EOT)."""
+        ids = {ll.llama_vocab_eos(self.vocab), ll.llama_vocab_eot(self.vocab)}
+        return tuple(sorted(t for t in ids if t >= 0 and self.is_eog(t)))
+
     # ---- decode ----
 
     def decode(self, spans: list[Span]) -> tuple[int, list[int]]:
