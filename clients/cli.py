@@ -18,6 +18,12 @@ from uma_serve.core import protocol as p
 
 EXIT_OK, EXIT_SERVER, EXIT_PROTOCOL = 0, 2, 3
 
+BASE_MODEL_NOTE = (
+    "uma-cli: note: the served GGUF has no chat template of its own: likely a base model "
+    "(as the embedded Gemma 3 270M, a small model for trying the server), whose chat answers "
+    "are continuations, not replies. Serve an instruction-tuned GGUF with umad --model PATH."
+)
+
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="uma-cli", description="Client for the UMA Serve daemon.")
@@ -58,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         text = args.prompt if args.prompt is not None else sys.stdin.read()
         fields: dict[str, object] = {}
         if args.chat:
+            if not client.info().gguf_chat_template:
+                print(BASE_MODEL_NOTE, file=sys.stderr)
             msgs = [p.Message("system", args.system)] if args.system else []
             fields["messages"] = [*msgs, p.Message("user", text)]
         else:

@@ -2,10 +2,15 @@
 
 The GGUF's own template is used when it has one. The embedded Gemma 3 270M GGUF carries
 none, so Gemma 3's official template (text-only) ships here for gemma3 models.
+
+Role injection: a message's content is the user's text, never markup. ``render_parts`` keeps
+the two apart so that only the template's own markers are tokenized as special tokens; a
+"<end_of_turn>" typed by a user stays plain text.
 """
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 
 from jinja2 import TemplateError
@@ -14,6 +19,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 class ChatTemplateError(ValueError):
     pass
+
+
+Part = tuple[str, bool]  # (text, is the template's markup: parse special tokens in it)
+# a message's content stands in as NUL, index, NUL (the protocol rejects NUL in content, so
+# no content can forge one), padded with a space each side to see whether the template trims
+_MARK = re.compile(r"( ?)\x00(\d+)\x00( ?)")
 
 
 def _raise(message: str) -> None:
@@ -35,6 +46,24 @@ class ChatTemplate:
         self._template = env.from_string(source)
         # BOS is added by the tokenizer, so the rendered text must not carry it again.
         self._bos, self._eos = bos_token, eos_token
+
+    def render_parts(self, messages: list[tuple[str, str]]) -> list[Part]:
+        """The prompt as the template's markup and the messages' contents, in order: the
+        template is rendered with a placeholder for each content, then each placeholder is
+        replaced by its content (trimmed on the sides the template trimmed)."""
+        marked = self.render([(role, f" \x00{i}\x00 ") for i, (role, _) in enumerate(messages)])
+        parts: list[Part] = []
+        pos = 0
+        for m in _MARK.finditer(marked):
+            content = messages[int(m.group(2))][1]
+            if not m.group(1):
+                content = content.lstrip()
+            if not m.group(3):
+                content = content.rstrip()
+            parts += [(marked[pos : m.start()], True), (content, False)]
+            pos = m.end()
+        parts.append((marked[pos:], True))
+        return [(text, markup) for text, markup in parts if text]
 
     def render(self, messages: list[tuple[str, str]]) -> str:
         try:

@@ -7,6 +7,7 @@ are all derived from it. docs/CONFIG.md lists the same table.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -14,7 +15,14 @@ from typing import Any
 
 import yaml
 
+log = logging.getLogger("uma.config")
+
 SAMPLERS = ("auto", "numpy", "llama", "backend", "backend-topk")
+# keys of the original design's YAML example that no option reads any more: accepted with a
+# warning, so that example still loads (any other unknown key stays an error)
+LEGACY_KEYS = frozenset(
+    {"ipc.backlog", "scheduler.start_target_tokens", "metrics.tick_interval_ms"}
+)
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
 
 
@@ -34,6 +42,7 @@ class Config:
     max_frame_bytes: int = 1 << 20
     max_write_buffer_bytes: int = 1 << 20
     idle_timeout: float = 300.0
+    drain_timeout: float = 30.0
     tick_budget_ms: float = 50.0
     prefill_burst: int = 256
     policy: str = "qos,spec,latency,bmt,tuner"
@@ -83,6 +92,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     "idle_timeout": (
         "seconds a connection with nothing in flight may stay silent (0: forever)",
         "limits.idle_timeout",
+    ),
+    "drain_timeout": (
+        "on SIGTERM/SIGINT, seconds running requests may take to finish (new ones get "
+        "E_SHUTDOWN_001) before they are cancelled; a second signal ends the drain at once",
+        "scheduler.drain_timeout",
     ),
     "tick_budget_ms": (
         "baseline policy (no latency guard): wall time a tick with decoders stays within",
@@ -224,6 +238,9 @@ def _from_yaml(path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in flat.items():
         name = by_key.get(key) or (key if key in OPTIONS else None)
+        if name is None and key in LEGACY_KEYS:
+            log.warning("%s: key %r is from an older design and is ignored", path, key)
+            continue
         if name is None:
             raise ValueError(f"{path}: unknown key {key!r}")
         out[name] = value
@@ -292,6 +309,7 @@ def validate(c: Config) -> None:
         "bmt_budget",
         "starve_ms",
         "quiet_ms",
+        "drain_timeout",
         "prefix_cache_tokens",
         "prefix_cache_slots",
         "spec_max_streams",

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import logging
 import math
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -17,13 +16,14 @@ from typing import TypeVar
 from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, builtin_template
 from uma_serve.core.engine import Engine
+from uma_serve.core.faults import Faults
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.tuner import SweetSpotTuner
-from uma_serve.core.protocol import socket_answers
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
+from uma_serve.core.socket_path import SocketPathError, claim_socket_path
 
 log = logging.getLogger("uma.daemon")
 T = TypeVar("T")
@@ -47,6 +47,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         sampler = "backend-topk" if on_gpu else "numpy"
     spec_draft = config.spec_draft if config.spec_draft >= 0 else (0 if on_gpu else 6)
     log.info("token sampling: %s; speculative draft: %d", sampler, spec_draft)
+    faults = Faults.from_env()
+    if faults.any:
+        log.warning("fault injection on (tests only): %s", faults)
     runtime = Runtime(
         RuntimeParams(
             model_path=config.model or cfg.default_model_path(),
@@ -105,6 +108,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
         prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
         compute_nice=config.compute_nice,
+        fail_decode=faults.decode_fail,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()
@@ -112,18 +116,14 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         status = on_passing_thread(engine.pin_prefix, runtime.tokenize(text), kv_path)
         log.info("pinned prefix %s: %s (%s)", config.pin_prefix, status, kv_path)
     template = runtime.info.chat_template or builtin_template(runtime.info.architecture)
-    chat = ChatTemplate(template) if template else None
+    chat = ChatTemplate(template) if template and not faults.no_chat_template else None
     server = holder["server"] = CoreServer(config, runtime, engine, chat)
     return runtime, engine, server
 
 
 async def serve(config: cfg.Config) -> None:
     runtime, engine, server = build(config)
-    if socket_answers(config.socket):
-        raise SystemExit(f"umad: another daemon is serving on {config.socket}; not taking it over")
-    if os.path.exists(config.socket):
-        log.info("removing stale socket %s", config.socket)
-        os.unlink(config.socket)
+    claim_socket_path(config.socket)  # again: the model took a while to load
     # what start-up made (modules, the model's metadata, the policy) lives as long as the
     # daemon: out of the collector, a full collection no longer walks it (5-7 ms here, a
     # pause in the token stream; 0 ms after)
@@ -132,14 +132,29 @@ async def serve(config: cfg.Config) -> None:
     engine.start()
     await server.start()
     log.info("umad ready on %s (model %s)", config.socket, runtime.model_name)
-    stop = asyncio.Event()
+    first, again = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        (again if first.is_set() else first).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), stop.set()))
-    await stop.wait()
-    log.info("%s: draining and shutting down", received[0] if received else "stop")
-    await server.shutdown(f"server shutting down ({received[0] if received else 'stop'})")
+        loop.add_signal_handler(sig, on_signal, sig)
+    await first.wait()
+    name = received[0]
+    log.info(
+        "%s: draining: no new generations, %d in flight may finish within %g s "
+        "(a second signal ends the drain)",
+        name,
+        server.in_flight(),
+        config.drain_timeout,
+    )
+    cut = await server.drain(config.drain_timeout, again)
+    if cut:
+        log.warning("%s: cancelling the %d requests in flight", cut, server.in_flight())
+    await server.shutdown(f"server shutting down ({name})" + (f": {cut}" if cut else ""))
     if not engine.alive:
         runtime.close()
     log.info("umad stopped")
@@ -155,12 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if socket_answers(config.socket):
-        print(f"umad: another daemon is serving on {config.socket}", file=sys.stderr)
-        raise SystemExit(1)
     try:
+        claim_socket_path(config.socket)  # before the model loads: a bad path fails fast
         asyncio.run(serve(config))
-    except (FileNotFoundError, RuntimeError) as exc:
+    except (FileNotFoundError, RuntimeError, SocketPathError) as exc:
         print(f"umad: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
 

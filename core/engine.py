@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from uma_serve.core import protocol as p
 from uma_serve.core.admission import AdmissionQueue
+from uma_serve.core.faults import DECODE_FAIL_RC
 from uma_serve.core.inbox import Inbox, Submission
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BatchItem, Constraints, IBatchPolicy, Phase, Plan, SchedulerState
@@ -54,8 +55,10 @@ class Engine:
         prefix_cache_tokens: int = 0,
         overlap: bool = False,
         compute_nice: int = 0,
+        fail_decode: str | None = None,
     ) -> None:
         self.runtime = runtime
+        self._fail_decode = fail_decode  # fault injection (core/faults.py), None in service
         # hand a tick's events over once the next tick is launched (encoding while the device
         # works); off by default: no gain measured, and tokens wait a launch (docs/CONFIG.md)
         self._overlap = overlap
@@ -222,6 +225,8 @@ class Engine:
         if abortable:
             self._inbox.open_abort_window()
         rc, rows = self.runtime.decode(spans)
+        if self._fail_decode is not None and rc == 0 and self._faulty(plan):
+            rc = DECODE_FAIL_RC
         if abortable:
             self._inbox.close_abort_window()
         released_s = self._release_ended()  # on a GPU the decode is still running
@@ -263,6 +268,10 @@ class Engine:
         for seq, drafts, row in drafted:
             self._verify(seq, drafts, row, now)
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
+
+    def _faulty(self, plan: Plan) -> bool:
+        marker = self._fail_decode or ""
+        return any(marker in (self._running[i.seq_id].request.prompt or "") for i in plan.items)
 
     def _span(self, item: BatchItem) -> Span:
         seq, n = self._running[item.seq_id], item.n_tokens

@@ -24,6 +24,7 @@ import numpy as np
 from uma_serve.core.runtime import Runtime
 from uma_serve.core.runtime.vocab import token_layout
 
+CHAT_CACHE_BYTES = 1 << 21  # chat parts whose tokens are remembered, in characters at most
 MIN_REUSE_BYTES = 1024  # a shorter common beginning is not worth the bookkeeping
 RECENT = 8  # prompts remembered
 MAX_STEPS = 256  # tokens walked back from the end of the common beginning to a hard boundary
@@ -114,3 +115,37 @@ class PromptTokenizer:
                 self.reused_tokens_total += k
                 return tokens[:k] + tail, ends[:k] + self._ends(tail, b)
         return None
+
+
+class ChatTokenizer:
+    """A chat prompt's tokens from its parts (``ChatTemplate.render_parts``): the template's
+    markup with special tokens parsed, each message's content as plain text, so content
+    cannot forge a turn. A transcript's earlier messages come back every turn: each part's
+    tokens are remembered (LRU, bounded in text bytes), so a turn tokenizes mostly its new
+    messages. One thread only (the daemon's I/O thread)."""
+
+    def __init__(self, runtime: Runtime, max_bytes: int = CHAT_CACHE_BYTES) -> None:
+        self._rt = runtime
+        self._specials = runtime.tokenize("", True)  # what add_special puts first (a BOS)
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._cache: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+
+    def tokenize(self, parts: list[tuple[str, bool]]) -> list[int]:
+        tokens = list(self._specials)
+        for part in parts:
+            cached = self._cache.get(part)
+            if cached is not None:
+                self._cache.move_to_end(part)
+                tokens += cached
+                continue
+            text, markup = part
+            piece = self._rt.tokenize(text, False, special=markup)
+            tokens += piece
+            if len(text) <= self._max_bytes // 4:
+                self._cache[part] = piece
+                self._bytes += len(text)
+                while self._bytes > self._max_bytes:
+                    (old, _), _ = self._cache.popitem(last=False)
+                    self._bytes -= len(old)
+        return tokens

@@ -80,6 +80,12 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError("exactly one of 'prompt' and 'messages' is required")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
+        # a NUL would cut the text short in llama.cpp's C tokenizer: reject it, naming where
+        if self.prompt is not None and "\x00" in self.prompt:
+            raise ValueError("'prompt' contains a NUL byte (\\u0000)")
+        for i, m in enumerate(self.messages or ()):
+            if "\x00" in m.content:
+                raise ValueError(f"'messages[{i}].content' contains a NUL byte (\\u0000)")
 
     @property
     def stops(self) -> list[str]:
@@ -118,6 +124,7 @@ Request = Generate | Cancel | MetricsRequest | HealthRequest | InfoRequest
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class Timings(msgspec.Struct):
@@ -199,6 +206,9 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     version: str
     max_tokens: int
     max_prompt_bytes: int
+    # the GGUF carries its own chat template (instruction-tuned models do; a base model's
+    # chat goes through a shipped generic template and its answers are not a chat's)
+    gguf_chat_template: bool = False
 
 
 Event = (
@@ -230,6 +240,7 @@ _request_decoders: dict[str, msgspec.json.Decoder] = {
     "info": msgspec.json.Decoder(InfoRequest),
 }
 _event_decoder = msgspec.json.Decoder(Event)
+_TOO_DEEP = "invalid JSON object: nested too deeply (arrays/objects over ~1000 levels)"
 _encoder = msgspec.json.Encoder()
 
 
@@ -243,6 +254,8 @@ def decode_request(payload: bytes) -> Request:
         env = _envelope_decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise ProtocolError(E_PROTO, f"invalid JSON object: {exc}") from None
+    except RecursionError:  # msgspec's parser recurses per nesting level (~1000 at most)
+        raise ProtocolError(E_PROTO, _TOO_DEEP) from None
     request_id = env.id if isinstance(env.id, str) else None
     decoder = _request_decoders.get(env.type)
     if decoder is None:
@@ -252,6 +265,8 @@ def decode_request(payload: bytes) -> Request:
         return decoder.decode(payload)
     except (msgspec.ValidationError, ValueError) as exc:
         raise ProtocolError(E_PROTO, f"invalid {env.type} request: {exc}", request_id) from None
+    except RecursionError:
+        raise ProtocolError(E_PROTO, _TOO_DEEP, request_id) from None
 
 
 def encode(msg: msgspec.Struct | dict[str, Any]) -> bytes:

@@ -125,7 +125,7 @@ class Sequence:
             if first and last and last > first
             else None,
         )
-        usage = p.Usage(prompt_tokens=len(self.prompt), completion_tokens=self.generated)
+        usage = p.Usage(len(self.prompt), self.generated, self.cached_tokens)
         rid = self.request.id
         if self.request.stream:
             return p.EosEvent(rid, reason, usage, timings, detail)  # type: ignore[arg-type]

@@ -2,8 +2,9 @@
 
 One Connection per client socket. Requests are validated and tokenized here, then handed to
 the engine; the engine's events come back in one batch per tick (``deliver``) and are written
-to their connections. Never blocks on a slow client: a connection whose unread output passes
-``max_write_buffer_bytes`` has its requests cancelled with E_IO_001.
+to their connections. Never blocks on a slow client: a connection whose unread output (any
+reply) passes ``max_write_buffer_bytes`` has its requests cancelled with E_IO_001 and is
+closed. On a signal the daemon drains (``drain``) before ``shutdown``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 
@@ -21,17 +23,22 @@ from uma_serve.core import protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
-from uma_serve.core.prompt_tokens import PromptTokenizer
+from uma_serve.core.prompt_tokens import ChatTokenizer, PromptTokenizer
 from uma_serve.core.runtime import Runtime
 from uma_serve.core.runtime.grammar import GrammarError, check_grammar
 
 log = logging.getLogger("uma.server")
 _conn_ids = itertools.count(1)
+# an overflowed connection's queued bytes and last error may take this long to be read
+# before the connection is dropped (its memory is then freed whatever the client does)
+CLOSE_GRACE_S = 60.0
 
 
 @dataclass(eq=False)
 class Connection:
     writer: asyncio.StreamWriter
+    limit: int  # unread bytes queued at most (--max-write-buffer-bytes)
+    on_overflow: Callable[[Connection], None]
     id: int = field(default_factory=lambda: next(_conn_ids))
     inflight: set[str] = field(default_factory=set)
     overflowed: bool = False
@@ -40,8 +47,13 @@ class Connection:
         self.write(p.encode(event))
 
     def write(self, data: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(data)
+        """Every reply passes here (tokens, admin answers, errors), so the bound on what a
+        client leaves unread covers them all."""
+        if self.overflowed or self.writer.is_closing():
+            return
+        self.writer.write(data)
+        if self.buffered > self.limit:
+            self.on_overflow(self)
 
     @property
     def buffered(self) -> int:
@@ -58,8 +70,11 @@ class CoreServer:
         self.engine = engine
         self.chat = chat
         self.tokenizer = PromptTokenizer(runtime)  # reuses a recent prompt's tokens
+        self.chat_tokenizer = ChatTokenizer(runtime)  # reuses earlier messages' tokens
         self.connections: dict[int, Connection] = {}
         self.draining = False
+        self._drained: asyncio.Event | None = None  # set once draining with nothing in flight
+        self._tasks: set[asyncio.Task[None]] = set()  # the connections' handlers
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -84,33 +99,44 @@ class CoreServer:
                 frames.setdefault(conn, []).append(p.encode(event))
         for conn, chunks in frames.items():
             conn.write(b"".join(chunks))
-            self._check_backlog(conn)
+        self._check_drained()
 
-    def _send(self, conn: Connection, event: p.Event) -> None:
-        conn.send(event)
-        self._check_backlog(conn)
-
-    def _check_backlog(self, conn: Connection) -> None:
-        if not conn.overflowed and conn.buffered > self.config.max_write_buffer_bytes:
-            self._overflow(conn)
+    def _check_drained(self) -> None:
+        if (
+            self.draining
+            and self._drained
+            and not any(c.inflight for c in self.connections.values())
+        ):
+            self._drained.set()
 
     def _overflow(self, conn: Connection) -> None:
-        """The client stopped reading: cancel its requests, tell it why, stop writing tokens."""
+        """The client stopped reading: cancel its requests, tell it why, close the connection.
+        Closing (not just muting) it means no later request is computed and never delivered."""
         conn.overflowed = True
+        limit = self.config.max_write_buffer_bytes
         log.warning(
-            "connection %d: %d unread bytes, cancelling its requests", conn.id, conn.buffered
+            "connection %d: %d unread bytes (over %d): cancelling its requests, closing it",
+            conn.id,
+            conn.buffered,
+            limit,
         )
-        for rid in sorted(conn.inflight):
-            limit = self.config.max_write_buffer_bytes
-            msg = f"client did not read its stream (over {limit} bytes queued)"
-            conn.send(p.ErrorEvent(id=rid, code=p.E_IO, message=msg))
-        conn.inflight.clear()
-        self.engine.cancel_connection(conn.id)
+        msg = f"client did not read its stream (over {limit} bytes queued): closing the connection"
+        ids: list[str | None] = [*sorted(conn.inflight)] or [None]
+        errors = [p.encode(p.ErrorEvent(id=rid, code=p.E_IO, message=msg)) for rid in ids]
+        conn.writer.write(b"".join(errors))  # past the bound: the last words
+        if conn.inflight:
+            conn.inflight.clear()
+            self.engine.cancel_connection(conn.id)
+            self._check_drained()
+        conn.writer.close()  # stops reading now; closes once the client has read the rest
+        assert self._loop is not None
+        self._loop.call_later(CLOSE_GRACE_S, conn.writer.transport.abort)
 
     # ---- clients -> engine ----
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._drained = asyncio.Event()
         old_umask = os.umask(0o177)  # the socket is born 0600: no window with wider rights
         try:
             self._server = await asyncio.start_unix_server(
@@ -121,19 +147,26 @@ class CoreServer:
         os.chmod(self.config.socket, 0o600)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(writer)
+        conn = Connection(writer, self.config.max_write_buffer_bytes, self._overflow)
         self.connections[conn.id] = conn
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
         try:
             await self._serve(conn, reader)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:  # shutdown: the connection is closed below
+            pass
         finally:
+            self._tasks.discard(task)
             self.connections.pop(conn.id, None)
             if conn.inflight:
                 self.engine.cancel_connection(conn.id)
+            self._check_drained()
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await writer.wait_closed()
 
     async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> None:
         idle = self.config.idle_timeout
@@ -156,6 +189,8 @@ class CoreServer:
             except p.ProtocolError as exc:
                 conn.send(p.ErrorEvent(id=exc.request_id, code=exc.code, message=exc.message))
                 continue
+            if conn.overflowed:  # closing: what the client sent after is not served
+                return
             try:
                 self._dispatch(conn, request, arrival)
             except Exception as exc:  # a bug must cost one request, not the connection
@@ -175,13 +210,13 @@ class CoreServer:
                 if rid in conn.inflight:
                     self.engine.cancel((conn.id, rid))
             case p.MetricsRequest(id=rid):
-                self._send(conn, p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
+                conn.send(p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
             case p.HealthRequest(id=rid):
                 m = self.engine.metrics
                 status = "draining" if self.draining else "ok" if self.engine.alive else "error"
-                self._send(conn, p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
+                conn.send(p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
             case p.InfoRequest(id=rid):
-                self._send(conn, self.info(rid))
+                conn.send(self.info(rid))
 
     def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
         c = self.config
@@ -191,7 +226,7 @@ class CoreServer:
             return p.E_RUNTIME, "the engine has stopped (see the daemon log): restart umad"
         if req.id in conn.inflight:
             return p.E_DUP_ID, f"request id {req.id!r} is already in flight on this connection"
-        if sum(len(x.inflight) for x in self.connections.values()) >= c.max_sessions:
+        if self.in_flight() >= c.max_sessions:
             return p.E_BUSY, f"{c.max_sessions} requests in flight (max_sessions): retry later"
         if req.max_tokens > c.max_tokens:
             return p.E_LIMIT_TOKENS, f"max_tokens {req.max_tokens} is over the limit {c.max_tokens}"
@@ -216,13 +251,13 @@ class CoreServer:
             if self.chat is None:
                 return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
-                text = self.chat.render([(m.role, m.content) for m in req.messages])
+                parts = self.chat.render_parts([(m.role, m.content) for m in req.messages])
             except ChatTemplateError as exc:
                 return p.E_PROTO, str(exc)
+            tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
         else:
-            text = req.prompt or ""
-        tokens = self.tokenizer.tokenize(text)
-        self.engine.metrics.prompt_tokens_reused_total = self.tokenizer.reused_tokens_total
+            tokens = self.tokenizer.tokenize(req.prompt or "")
+            self.engine.metrics.prompt_tokens_reused_total = self.tokenizer.reused_tokens_total
         if not tokens:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq
@@ -249,9 +284,30 @@ class CoreServer:
             version=version("uma-serve"),
             max_tokens=self.config.max_tokens,
             max_prompt_bytes=self.config.max_prompt_bytes,
+            gguf_chat_template=rt.info.chat_template is not None,
         )
 
     # ---- shutdown ----
+
+    async def drain(self, timeout: float, interrupted: asyncio.Event) -> str | None:
+        """Take no new generations (E_SHUTDOWN_001); wait for those in flight to finish, at
+        most ``timeout`` seconds or until ``interrupted``. Returns why the wait was cut short,
+        or None when nothing is left. Connections stay open: health answers "draining"."""
+        assert self._drained is not None
+        self.draining = True
+        self._check_drained()
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._drained, interrupted)]
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        if self._drained.is_set():
+            return None
+        if interrupted.is_set():
+            return "a second signal ended the drain"
+        return f"the drain timed out after {timeout:g} s"
+
+    def in_flight(self) -> int:
+        return sum(len(c.inflight) for c in self.connections.values())
 
     async def shutdown(self, reason: str) -> None:
         """Stop accepting, end in-flight requests with an eos saying why, flush, remove socket."""
@@ -265,5 +321,8 @@ class CoreServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.writer.drain(), 2.0)
             conn.writer.close()
+        for task in list(self._tasks):  # their reads end quietly, no task left to asyncio.run
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.config.socket)

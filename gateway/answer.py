@@ -159,14 +159,15 @@ Result = tuple[str, str, p.Usage, list[p.Logprobs] | None]
 def total_usage(usages: list[p.Usage]) -> p.Usage:
     """n choices share one prompt (counted once, as OpenAI does); their completions add up."""
     completion = sum(u.completion_tokens for u in usages)
-    return p.Usage(prompt_tokens=usages[0].prompt_tokens, completion_tokens=completion)
+    return p.Usage(usages[0].prompt_tokens, completion, usages[0].cached_tokens)
 
 
-def usage_dict(u: p.Usage) -> dict[str, int]:
+def usage_dict(u: p.Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
 
 

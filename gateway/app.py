@@ -21,6 +21,7 @@ from starlette.routing import Route
 from uma_serve.gateway import routes
 from uma_serve.gateway.auth import AuthMiddleware
 from uma_serve.gateway.core_pool import CorePool
+from uma_serve.gateway.drain import Drain
 from uma_serve.gateway.errors import (
     ApiError,
     api_error_handler,
@@ -28,6 +29,7 @@ from uma_serve.gateway.errors import (
     unhandled_handler,
 )
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
+from uma_serve.gateway.request_id import RequestIdMiddleware
 from uma_serve.gateway.routes import Inflight
 
 
@@ -38,6 +40,8 @@ class Settings:
     cors_origins: list[str] = field(default_factory=list)
     max_inflight: int = 64
     max_body_bytes: int = 1 << 20
+    body_timeout: float = 30.0
+    shutdown_grace: float = 5.0
     pool_size: int = 4
 
 
@@ -66,7 +70,10 @@ def create_app(settings: Settings) -> Starlette:
             warm.cancel()
             await pool.close()
 
-    middleware = [Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS)]
+    middleware = [
+        Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
+        Middleware(RequestIdMiddleware),
+    ]
     if settings.cors_origins:
         middleware.append(
             Middleware(
@@ -91,5 +98,6 @@ def create_app(settings: Settings) -> Starlette:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.inflight = Inflight(settings.max_inflight, metrics.inflight)
+    app.state.drain = Drain(settings.shutdown_grace)
     app.state.started = time.time()
     return app

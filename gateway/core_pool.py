@@ -91,6 +91,10 @@ class CorePool:
             self._info_refresh = asyncio.ensure_future(self._refresh_info())
         return self._info
 
+    async def fresh_info(self) -> p.InfoEvent:
+        """The core's info asked now (a round trip): raises CoreError while it is down."""
+        return await self._fetch_info()
+
     async def _fetch_info(self) -> p.InfoEvent:
         self._info, self._info_at = await self._admin("info"), time.monotonic()
         return self._info

@@ -9,6 +9,8 @@ import os
 import uvicorn
 
 from uma_serve.gateway.app import Settings, create_app
+from uma_serve.gateway.drain import STOP_MARGIN_S, GatewayServer
+from uma_serve.gateway.http_limits import limited_protocol
 from uma_serve.gateway.tcp_cork import cork_response_head
 
 
@@ -49,6 +51,39 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond)"
     )
+    ap.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may take to arrive after its headers; later: 408 and the "
+        "connection closes (0: no limit)",
+    )
+    ap.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request's headers may take to arrive; later: 408 and the connection "
+        "closes (0: no limit)",
+    )
+    ap.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=65536,
+        help="largest request head (request line and headers); larger: 431 (0: no limit)",
+    )
+    ap.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=5,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    ap.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, seconds running requests may finish; then a stream ends with an "
+        "error chunk and [DONE], a request still waiting gets 503 shutting_down",
+    )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
     ap.add_argument(
@@ -68,6 +103,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         cors_origins=args.cors_origin,
         max_inflight=args.max_inflight,
         max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        shutdown_grace=args.shutdown_grace,
         pool_size=args.pool_size,
     )
 
@@ -77,15 +114,19 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(settings_from(args))
     gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
     gc.freeze()
-    uvicorn.run(
+    config = uvicorn.Config(
         cork_response_head(app),
         host=args.host,
         port=args.port,
+        http=limited_protocol(args.max_header_bytes, args.header_timeout),
         log_level=args.log_level,
         access_log=args.access_log,
-        timeout_graceful_shutdown=5,
+        timeout_keep_alive=args.keep_alive_timeout,
+        # the Drain stops what still runs after --shutdown-grace; uvicorn cancels only later
+        timeout_graceful_shutdown=int(args.shutdown_grace + STOP_MARGIN_S + 0.999),
         proxy_headers=False,
     )
+    GatewayServer(config, app.state.drain).run()
 
 
 if __name__ == "__main__":

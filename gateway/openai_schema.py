@@ -73,6 +73,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 raise bad_request(
                     f"logit_bias keys must be token ids (non-negative integers), not {key!r}",
                     "logit_bias",
+                    "invalid_value",
                 )
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed with stream=true", "stream_options")

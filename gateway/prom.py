@@ -205,6 +205,7 @@ class CoreCollector(Collector):
                 yield qos_histogram_family(name, doc, by_qos)
 
 
+CLIENT_CLOSED = 499  # nginx's "client closed request"
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -267,16 +268,28 @@ class HttpMetricsMiddleware:
         start = time.perf_counter()
         scope.setdefault("state", {})["uma_arrival"] = start  # routes time the gateway's share
         status = 500
+        finished = gone = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal gone
+            message = await receive()
+            if message["type"] == "http.disconnect" and not finished:
+                gone = True
+            return message
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, finished
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
+            if gone and not finished:
+                status = CLIENT_CLOSED  # the client left before the whole answer was sent
             route, method = self.route_of(scope["path"]), scope["method"]
             self.metrics.http_requests.labels(route, method, str(status)).inc()
             self.metrics.http_latency.labels(route, method).observe(time.perf_counter() - start)

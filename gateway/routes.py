@@ -1,8 +1,11 @@
 """OpenAI routes: completions, chat completions, models; plus /health and /metrics.
 
-Each generation route: take an in-flight slot (429 beyond --max-inflight), read the body under
-the size limit (413), validate it in one step (400), check it against the core's info (404 for
-an unknown model, 400 for max_tokens or prompt size), then run it through the core.
+Each generation route: refuse a body that is not JSON (415: a page's form or text/plain POST
+needs no CORS preflight), read the body under the size limit (413) and its deadline (408),
+take an in-flight slot (429 beyond --max-inflight; a slow body holds none), validate it in one
+step (400), check it against the core's info (404 for an unknown model, 400 for max_tokens,
+prompt size or a logit_bias token outside the vocabulary), then run it through the core.
+While the gateway shuts down, new ones get 503 (gateway/drain.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import uuid
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
@@ -63,8 +66,26 @@ class Inflight:
             self.gauge.dec()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413 once it exceeds ``limit`` bytes."""
+def check_json_body(request: Request) -> None:
+    """415 unless the body is declared ``application/json`` (parameters such as charset
+    allowed). A browser sends text/plain, form and multipart bodies cross-origin without a
+    CORS preflight: refusing them keeps any web page from driving a gateway without keys."""
+    declared = request.headers.get("content-type")
+    media = (declared or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        got = f"got {declared!r}" if declared is not None else "none was given"
+        raise ApiError(
+            415,
+            f"Content-Type must be application/json ({got})",
+            param="Content-Type",
+            code="unsupported_media_type",
+        )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = 0) -> bytes:
+    """The body, or 413 once it exceeds ``limit`` bytes, or 408 if it has not all arrived
+    ``timeout_s`` seconds after the request's head (0: no deadline); 408 and 413 close the
+    connection (the rest of the body is not read)."""
     too_big = ApiError(
         413,
         f"request body over the limit of {limit} bytes",
@@ -75,12 +96,24 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise too_big
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > DRAIN_CAP:
-            break
+    try:
+        async with asyncio.timeout(timeout_s if timeout_s > 0 else None):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size <= limit:
+                    chunks.append(chunk)
+                elif size > DRAIN_CAP:
+                    break
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"request body not received within {timeout_s:g} s (--body-timeout); "
+            f"{size} bytes arrived",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    except ClientDisconnect:
+        raise ClientGone from None
     if size > limit:
         raise too_big
     return b"".join(chunks)
@@ -102,6 +135,16 @@ def check_model(name: str | None, info: p.InfoEvent) -> str:
         param="model",
         code="model_not_found",
     )
+
+
+def check_logit_bias(bias: dict[int, float] | None, info: p.InfoEvent) -> None:
+    if bias and (top := max(bias)) >= info.n_vocab:
+        raise bad_request(
+            f"logit_bias token id {top} is not in the vocabulary "
+            f"(token ids run from 0 to {info.n_vocab - 1})",
+            "logit_bias",
+            "invalid_value",
+        )
 
 
 def check_max_tokens(value: int | None, default: int, info: p.InfoEvent, param: str) -> int:
@@ -179,23 +222,37 @@ async def chat_completions(request: Request) -> Response:
 
 async def _generate(request: Request, kind: type) -> Response:
     state = request.app.state
+    settings = state.settings
+    state.drain.refuse_new()
+    check_json_body(request)
+    try:
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+    except ClientGone:
+        return Response(status_code=499)
+    state.drain.refuse_new()  # SIGTERM came while the body arrived
     state.inflight.enter()
+    stop = state.drain.add()
+
+    def release() -> None:
+        state.drain.discard(stop)
+        state.inflight.leave()
+
     handed_off = False
     try:
-        body = await read_body(request, state.settings.max_body_bytes)
         req = schema.decode(body, kind)
         qos = qos_of(request, req)
         info = await core_info(request)
         model = check_model(req.model, info)
+        check_logit_bias(req.token_bias, info)
         if isinstance(req, schema.CompletionRequest):
-            rid = f"cmpl-{uuid.uuid4().hex}"
+            rid = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
             text = req.prompt_text
             check_prompt_size(len(text.encode()), info, "prompt")
             max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
             gen = p.Generate(id=rid, prompt=text, max_tokens=max_tokens, qos=qos, **sampling(req))
             job = Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
         else:
-            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
             messages = req.core_messages()
             size = sum(len(m["content"].encode()) for m in messages)
             check_prompt_size(size, info, "messages")
@@ -211,16 +268,16 @@ async def _generate(request: Request, kind: type) -> Response:
             job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
         job.n = req.n or 1
         if req.stream:
-            response = await _start_stream(request, job, state.inflight.leave)
+            response = await _start_stream(request, job, release, stop)
             handed_off = True
             return response
-        result = await race_disconnect(request, _run_whole(request, job))
+        result = await race_disconnect(request, _run_whole(request, job), stop)
         return JSONResponse(result)
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; logged and counted as such
     finally:
         if not handed_off:
-            state.inflight.leave()
+            release()
 
 
 async def _run_whole(request: Request, job: Job) -> dict[str, Any]:
@@ -234,7 +291,7 @@ def _core_api_error(exc: CoreError, job: Job) -> ApiError:
     return from_core_error(exc, job.prompt_param)
 
 
-async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
+async def _start_stream(request: Request, job: Job, on_close: Any, stop: Any = None) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     pool = request.app.state.pool
     gens = job.generates()
@@ -246,7 +303,7 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
     sent = time.perf_counter()
     asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:
-        first = await first_event(request, events)
+        first = await first_event(request, events, stop)
     except CoreError as exc:
         await events.aclose()
         raise _core_api_error(exc, job) from None
@@ -263,16 +320,25 @@ async def _start_stream(request: Request, job: Job, on_close: Any) -> Response:
         gateway_s = (sent - arrived) + (time.perf_counter() - got)
         request.app.state.metrics.added_latency.observe(gateway_s)
 
-    return sse_response(job, first, events, on_close, on_first_sent=observe)
+    return sse_response(job, first, events, on_close, on_first_sent=observe, stop=stop)
+
+
+async def fresh_core_info(request: Request) -> p.InfoEvent:
+    """The core's info asked now, not the cache: the model list answers 503 while the core
+    is down instead of naming a model nobody serves."""
+    try:
+        return await request.app.state.pool.fresh_info()
+    except CoreError as exc:
+        raise from_core_error(exc) from None
 
 
 async def list_models(request: Request) -> Response:
-    info = await core_info(request)
+    info = await fresh_core_info(request)
     return JSONResponse({"object": "list", "data": [_model_card(info, request)]})
 
 
 async def get_model(request: Request) -> Response:
-    info = await core_info(request)
+    info = await fresh_core_info(request)
     check_model(request.path_params["model"], info)
     return JSONResponse(_model_card(info, request))
 

@@ -17,13 +17,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from sse_starlette.event import ensure_bytes
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.requests import Request
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.answer import Job, Result, end_error, total_usage, usage_dict
+from uma_serve.gateway.drain import Stop, shutting_down_error
 from uma_serve.gateway.errors import ApiError, from_core_error
+
+# sse-starlette cancels every stream at once on SIGTERM (no final chunk); the gateway's Drain
+# ends them itself, with an error chunk and [DONE] (gateway/drain.py)
+AppStatus.disable_automatic_graceful_drain()
 
 T = TypeVar("T")
 WATCH_AFTER_S = 0.001  # when the disconnect watcher of a request waiting for its first token starts
@@ -49,16 +54,21 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def race_disconnect(request: Request, work: Awaitable[T], stop: Stop | None = None) -> T:
     """Await ``work`` unless the client disconnects first; then cancel it, raise ClientGone.
+    A ``stop`` (the gateway shutting down) cancels the work too: a 503 ``shutting_down``.
 
     Cancelling the work runs the client library's cleanup, which sends ``cancel`` to the core.
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
+    if stop is not None:
+        stop.waiting = task
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
+            if stop is not None and stop.stopped and task.cancelled():
+                raise shutting_down_error("no answer was ready in time")
             return task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -68,15 +78,22 @@ async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+        if stop is not None:
+            stop.waiting = None
 
 
-async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Event:
+async def first_event(
+    request: Request, events: AsyncIterator[p.Event], stop: Stop | None = None
+) -> p.Event:
     """The stream's first event, awaited on this task itself (the TTFT path: no wrapper task,
     no asyncio.wait). A watcher cancels this task if the client disconnects first, which
     becomes ClientGone; it starts ``WATCH_AFTER_S`` later, while the core works, so creating
-    it is not on the path of a request to the core."""
+    it is not on the path of a request to the core. A ``stop`` (the gateway shutting down)
+    cancels it too: a 503 ``shutting_down``."""
     task = asyncio.current_task()
     assert task is not None
+    if stop is not None:
+        stop.waiting = task
     gone = False
     watcher: asyncio.Task | None = None
 
@@ -94,11 +111,16 @@ async def first_event(request: Request, events: AsyncIterator[p.Event]) -> p.Eve
     try:
         return await anext(events)
     except asyncio.CancelledError:
-        if not gone:
-            raise
-        task.uncancel()
-        raise ClientGone from None
+        if gone:
+            task.uncancel()
+            raise ClientGone from None
+        if stop is not None and stop.stopped:
+            task.uncancel()
+            raise shutting_down_error("no token was ready in time") from None
+        raise
     finally:
+        if stop is not None:
+            stop.waiting = None
         timer.cancel()
         if watcher is not None:
             watcher.cancel()
@@ -195,10 +217,12 @@ def sse_response(
     events: AsyncIterator[Choice],
     on_close: Callable[[], None],
     on_first_sent: Callable[[], None] | None = None,
+    stop: Stop | None = None,
 ) -> EventSourceResponse:
     """The stream of ``job.n`` choices, starting from an already received first event: per
     choice the role (chat) and its first text in one write, one chunk per token, the finish
-    reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended."""
+    reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended.
+    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``."""
     closed = False
 
     async def cleanup() -> None:
@@ -212,6 +236,8 @@ def sse_response(
                 await events.aclose()  # type: ignore[attr-defined]
         finally:
             on_close()
+
+    halt = stop if stop is not None else Stop()
 
     async def body() -> AsyncIterator[bytes | str]:
         started, usages = [False] * job.n, []
@@ -240,8 +266,24 @@ def sse_response(
                             yield job.chunk([], usage_dict(total_usage(usages)))
                         yield "[DONE]"
                         return
-                item = await anext(events, None)
-            yield json.dumps(ApiError(500, "the core ended the stream early").body())
+                if halt.stopped:
+                    break
+                # inline, not a helper: this is every token's path
+                halt.waiting = task = asyncio.current_task()
+                try:
+                    item = await anext(events, None)
+                except asyncio.CancelledError:
+                    if not halt.stopped or task is None:
+                        raise
+                    task.uncancel()  # our own stop, not the server's cancellation
+                    break
+                finally:
+                    halt.waiting = None
+            else:
+                yield json.dumps(ApiError(500, "the core ended the stream early").body())
+                return
+            yield json.dumps(shutting_down_error("the stream was cut short").body())
+            yield "[DONE]"
         except CoreError as exc:
             yield json.dumps(from_core_error(exc, job.prompt_param).body())
         finally:

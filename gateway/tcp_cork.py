@@ -37,7 +37,13 @@ def tcp_socket_of(send: Send) -> socket.socket | None:
 
 
 def _cork(sock: Any, on: bool) -> None:
-    with contextlib.suppress(OSError):  # the client is gone: the send reports it
+    """Cork or uncork; nothing once the connection is closed. uvloop's socket object then
+    has the descriptor -1 and ``setsockopt`` raises ValueError ("negative file descriptor"):
+    the client is gone, which the server's ``send`` (it drops the message) and the
+    disconnect the app receives report."""
+    if sock.fileno() < 0:
+        return
+    with contextlib.suppress(OSError, ValueError):  # closed meanwhile: as above
         sock.setsockopt(socket.IPPROTO_TCP, TCP_CORK, 1 if on else 0)
 
 

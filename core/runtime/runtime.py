@@ -159,15 +159,17 @@ class Runtime:
 
     # ---- text ----
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        """``special``: control-token texts (e.g. "<end_of_turn>") become those tokens; off
+        for text a user wrote inside a chat message."""
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, special)
         if n < 0:
             cap = -n
             buf = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, True)
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, special)
         return list(buf[:n])
 
     def piece(self, token: int) -> bytes:

@@ -90,6 +90,18 @@ def read_event(s: socket.socket) -> p.Event | None:
     return None if body is None else p.decode_event(body)
 
 
+def read_until_closed(s: socket.socket) -> list[p.Event]:
+    """Every event until the daemon closes the connection. A reset counts as the close: the
+    daemon closed with requests of ours unread (the kernel delivers its data first)."""
+    events: list[p.Event] = []
+    try:
+        while (ev := read_event(s)) is not None:
+            events.append(ev)
+    except ConnectionResetError:
+        pass
+    return events
+
+
 def _exactly(s: socket.socket, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:

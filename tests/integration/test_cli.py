@@ -28,11 +28,13 @@ def test_stdin_chat_no_stream_with_usage(umad) -> None:
     assert out.returncode == 0, out.stderr
     usage = json.loads(out.stderr.strip().splitlines()[-1])
     assert usage["usage"]["completion_tokens"] <= 4 and usage["reason"] in ("stop", "length")
+    assert "base model" in out.stderr  # the embedded GGUF carries no chat template of its own
 
 
 def test_info_and_metrics_are_json(umad) -> None:
     info = json.loads(cli(umad.socket, "--info").stdout)
     assert info["n_seq"] == 4 and info["chat_template"] is True
+    assert info["gguf_chat_template"] is False  # the shipped Gemma 3 template serves it
     assert "decode_ms_ewma" in json.loads(cli(umad.socket, "--metrics").stdout)
 
 

@@ -35,6 +35,9 @@ def ask_raw(umad, payload: bytes) -> p.Event | None:
         (b'{"id": "x", "prompt": "hi", "logit_bias": {"-3": 1}}', p.E_PROTO),
         (b'{"id": "x", "prompt": "hi", "logit_bias": {"3": 101}}', p.E_PROTO),
         (b'{"id": "x", "prompt": "hi", "logit_bias": {"99999999": 1}}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "a\\u0000b"}', p.E_PROTO),
+        (b'{"id": "x", "messages": [{"role": "user", "content": "a\\u0000b"}]}', p.E_PROTO),
+        (b'{"id": "x", "prompt": "hi", "stop": ' + b"[" * 1000 + b"]" * 1000 + b"}", p.E_PROTO),
     ],
 )
 def test_invalid_request_gets_error_and_connection_survives(umad, payload: bytes, code: str):
@@ -109,3 +112,41 @@ def test_truncated_frame_then_disconnect(umad) -> None:
     with umad.client() as c:
         done = c.complete(gen("Still alive?", max_tokens=3))
     assert done.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        (b'{"id": "nul", "prompt": "a\\u0000b"}', "'prompt'"),
+        (
+            b'{"id": "nul", "messages": [{"role": "user", "content": "ok"}, '
+            b'{"role": "assistant", "content": "a\\u0000b"}]}',
+            "'messages[1].content'",
+        ),
+    ],
+)
+def test_nul_byte_is_rejected_naming_the_field(umad, payload: bytes, field: str) -> None:
+    ev = ask_raw(umad, payload)
+    assert isinstance(ev, p.ErrorEvent) and (ev.code, ev.id) == (p.E_PROTO, "nul")
+    assert field in ev.message and "NUL" in ev.message
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_deeply_nested_json_is_answered_and_other_streams_go_on(umad, depth: int) -> None:
+    """msgspec's parser recurses per level: a RecursionError once dropped the connection."""
+    s = raw_socket(umad.socket)
+    s.sendall(p.encode(gen("Keep going:", id="live", max_tokens=30, ignore_eos=True)))
+    assert isinstance(read_event(s), p.TokenEvent)  # the stream is running
+    nested = b"[" * depth + b"]" * depth
+    s.sendall(frame(b'{"id": "deep", "prompt": "hi", "stop": ' + nested + b"}"))
+    events = []
+    while not events or not isinstance(events[-1], p.EosEvent):
+        events.append(read_event(s))
+    errors = [e for e in events if isinstance(e, p.ErrorEvent)]
+    assert len(errors) == 1 and errors[0].code == p.E_PROTO
+    assert "nested too deep" in errors[0].message
+    assert events[-1].id == "live" and events[-1].reason == "length"
+    assert events[-1].usage.completion_tokens == 30  # the stream was not cut
+    s.sendall(p.encode(p.HealthRequest(type="health", id="h")))
+    assert isinstance(read_event(s), p.HealthEvent)
+    s.close()

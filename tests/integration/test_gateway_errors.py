@@ -150,7 +150,9 @@ def test_chat_top_logprobs_needs_logprobs(sdk, model_id):
         ({"-2": 5}, "token ids"),
         ({"42": 101}, "100"),
         ({"42": "high"}, "float"),
-        ({"99999999": 5}, "not in the vocabulary"),  # refused by the core, same 400
+        ({"99999999": 5}, "not in the vocabulary"),
+        ({"262144": 5}, "not in the vocabulary"),  # the embedded model's vocabulary size
+        ({"1" * 40: 5}, "not in the vocabulary"),
     ],
 )
 def test_bad_logit_bias(sdk, model_id, bias, words):
@@ -167,8 +169,9 @@ def test_bad_logit_bias(sdk, model_id, bias, words):
         with pytest.raises(openai.BadRequestError) as err:
             call()
         assert words in str(err.value.message)
-        if words != "not in the vocabulary":
-            assert err.value.param == "logit_bias"
+        assert err.value.param == "logit_bias"
+        if words in ("token ids", "not in the vocabulary"):
+            assert err.value.code == "invalid_value"  # OpenAI's, not a core code
 
 
 def test_unknown_model(sdk):

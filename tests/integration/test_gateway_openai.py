@@ -299,6 +299,27 @@ def test_an_unknown_service_tier_is_refused(sdk, model_id):
     assert err.value.param == "service_tier"
 
 
+def test_every_response_carries_a_request_id(gateway, sdk, model_id):
+    raw = sdk.completions.with_raw_response.create(model=model_id, prompt=PROMPT, max_tokens=2)
+    assert raw.headers["x-request-id"] == raw.parse().id
+    with httpx.Client(timeout=30) as http:
+        models = http.get(f"{gateway.base_url}/models")
+        bad = http.post(f"{gateway.base_url}/completions", json={"prompt": "a", "n": 0})
+        mine = http.get(f"{gateway.base_url}/models", headers={"X-Request-Id": "trace-42"})
+    assert models.headers["x-request-id"].startswith("req-")
+    assert bad.status_code == 400 and bad.headers["x-request-id"].startswith("req-")
+    assert mine.headers["x-request-id"] == "trace-42"
+
+
+def test_usage_reports_the_prefix_caches_hit(sdk, model_id):
+    doc = "Here is a shared system prompt about harbors and boats and the sea. " * 12
+    first = sdk.completions.create(model=model_id, prompt=doc + "One.", max_tokens=2)
+    second = sdk.completions.create(model=model_id, prompt=doc + "Two.", max_tokens=2)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens_details is not None
+    assert 0 < cached < second.usage.prompt_tokens
+
+
 def read_then_leave(gateway, model_id: str, chunks: int, **extra) -> None:
     """Open a long completion stream, read ``chunks`` chunks, then disconnect."""
     body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "stream": True}

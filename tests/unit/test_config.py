@@ -23,6 +23,34 @@ def test_unknown_yaml_key_is_an_error(tmp_path) -> None:
         cfg.load(["--config", str(path)], environ={})
 
 
+def test_legacy_yaml_keys_are_ignored_with_a_warning(tmp_path, caplog) -> None:
+    path = tmp_path / "uma.yaml"
+    path.write_text(
+        "ipc:\n  uds_path: /tmp/x.sock\n  backlog: 64\n"
+        "scheduler:\n  start_target_tokens: 128\n  tick_budget_ms: 40\n"
+        "metrics:\n  tick_interval_ms: 1000\n"
+    )
+    with caplog.at_level("WARNING", logger="uma.config"):
+        c = cfg.load(["--config", str(path)], environ={})
+    assert (c.socket, c.tick_budget_ms) == ("/tmp/x.sock", 40.0)
+    for key in ("ipc.backlog", "scheduler.start_target_tokens", "metrics.tick_interval_ms"):
+        assert key in caplog.text and "ignored" in caplog.text
+    path.write_text("metrics:\n  tick_interval_ms: 1000\n  tick_interval: 5\n")
+    with pytest.raises(ValueError, match="metrics.tick_interval'"):
+        cfg.load(["--config", str(path)], environ={})
+
+
+def test_drain_timeout_from_flag_env_and_yaml(tmp_path) -> None:
+    assert cfg.load([], environ={}).drain_timeout == 30.0
+    path = tmp_path / "uma.yaml"
+    path.write_text("scheduler:\n  drain_timeout: 5\n")
+    assert cfg.load(["--config", str(path)], environ={}).drain_timeout == 5.0
+    assert cfg.load([], environ={"UMA_DRAIN_TIMEOUT": "7.5"}).drain_timeout == 7.5
+    assert cfg.load(["--drain-timeout", "0"], environ={"UMA_DRAIN_TIMEOUT": "7"}).drain_timeout == 0
+    with pytest.raises(ValueError, match="drain_timeout"):
+        cfg.load(["--drain-timeout", "-1"], environ={})
+
+
 @pytest.mark.parametrize(
     "argv", [["--n-seq", "0"], ["--log-level", "loud"], ["--n-ctx", "64"], ["--quiet-ms", "-1"]]
 )

@@ -3,6 +3,8 @@ conversion, the deploy kit's metric names, and the app's answers when no core is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -237,7 +239,8 @@ def test_app_without_core(no_core_app):
     assert r.status_code == 503 and r.json()["error"]["code"] == "core_unavailable"
     r = no_core_app.post("/v1/completions", headers=auth, json={"prompt": "x" * 200})
     assert r.status_code == 413
-    r = no_core_app.post("/v1/completions", headers=auth, content=b"{oops")
+    json_ct = {**auth, "Content-Type": "application/json"}
+    r = no_core_app.post("/v1/completions", headers=json_ct, content=b"{oops")
     assert r.status_code == 400
     qos = {**auth, "X-UMA-QoS": "now"}
     r = no_core_app.post("/v1/completions", headers=qos, json={"prompt": "x"})
@@ -344,3 +347,66 @@ def test_core_info_is_refreshed_in_the_background():
         return seen
 
     assert asyncio.run(main())[:3] == ["first", "first", "second"]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        (None, 415),
+        ("text/plain", 415),
+        ("text/plain;charset=UTF-8", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("multipart/form-data; boundary=x", 415),
+        ("application/jsonp", 415),
+        ("application/json", 400),
+        ("Application/JSON; charset=utf-8", 400),
+    ],
+)
+def test_generation_bodies_must_be_declared_json(no_core_app, content_type, status):
+    """A body a web page may POST cross-origin without a preflight (text/plain, a form) is a
+    415 naming Content-Type; application/json (any charset) goes on (here: to a 400, the
+    body being empty)."""
+    headers = {"Authorization": "Bearer k"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        r = no_core_app.post(route, headers=headers, content=b"")
+        assert r.status_code == status, r.text
+        if status == 415:
+            err = r.json()["error"]
+            assert err["param"] == "Content-Type" and err["code"] == "unsupported_media_type"
+            assert "application/json" in err["message"]
+
+
+def test_raw_head_errors_are_openai_error_objects():
+    from uma_serve.gateway.http_limits import raw_error
+
+    raw = raw_error(431, "request headers over the limit of 10 bytes", "too_large")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ") and b"connection: close" in head
+    assert f"content-length: {len(body)}".encode() in head
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == "too_large"
+
+
+def test_drain_stops_running_requests_after_the_grace():
+    from uma_serve.gateway.drain import Drain
+
+    async def scenario() -> None:
+        drain = Drain(grace_s=0.01)
+        drain.refuse_new()  # not draining: nothing happens
+        waiter = asyncio.ensure_future(asyncio.sleep(60))
+        stop = drain.add()
+        stop.waiting = waiter
+        idle = drain.add()  # registered, not waiting: only marked
+        drain.begin()
+        with pytest.raises(ApiError) as err:
+            drain.refuse_new()
+        assert err.value.status == 503 and err.value.code == "shutting_down"
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        assert waiter.cancelled() and stop.stopped and idle.stopped
+        assert drain.add().stopped  # a late one is stopped at once
+        drain.discard(stop)
+
+    asyncio.run(scenario())

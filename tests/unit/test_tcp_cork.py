@@ -17,12 +17,20 @@ pytestmark = pytest.mark.skipif(tcp_cork.TCP_CORK is None, reason="no TCP_CORK h
 
 
 class FakeSocket:
-    def __init__(self, family: int = socket.AF_INET, fail: bool = False) -> None:
+    def __init__(
+        self, family: int = socket.AF_INET, fail: bool = False, closed: bool = False
+    ) -> None:
         self.family = family
         self.fail = fail
+        self.closed = closed
         self.log: list[Any] = []
 
+    def fileno(self) -> int:
+        return -1 if self.closed else 7
+
     def setsockopt(self, level: int, option: int, value: int) -> None:
+        if self.closed:  # as uvloop's socket object once the transport closed
+            raise ValueError("negative file descriptor")
         if self.fail:
             raise OSError("connection reset")
         assert (level, option) == (socket.IPPROTO_TCP, tcp_cork.TCP_CORK)
@@ -92,6 +100,27 @@ def test_a_gone_client_does_not_turn_into_a_cork_error():
     sock = FakeSocket(fail=True)
     run(streaming_app, FakeCycle(sock).send)  # setsockopt raises OSError: swallowed
     assert sock.log == ["http.response.start"] + ["http.response.body"] * 3
+
+
+def test_a_closed_connection_is_not_corked():
+    """uvloop's socket object of a closed connection has the descriptor -1 and raises
+    ValueError on setsockopt: that is a gone client, not an error of the request."""
+    sock = FakeSocket(closed=True)
+    run(streaming_app, FakeCycle(sock).send)
+    assert sock.log == ["http.response.start"] + ["http.response.body"] * 3
+
+
+def test_a_connection_closing_meanwhile_is_not_an_error():
+    sock = FakeSocket()
+
+    class ClosingCycle(FakeCycle):
+        async def send(self, message: dict) -> None:
+            await super().send(message)
+            sock.closed = True  # closed after the headers went out
+
+    sock.fileno = lambda: 7  # type: ignore[method-assign]  # still open when checked
+    run(streaming_app, ClosingCycle(sock).send)
+    assert sock.log[0] == ("cork", 1) and sock.log.count(("cork", 0)) == 0
 
 
 @pytest.mark.parametrize(
