@@ -193,7 +193,6 @@ def test_fuzz_http_layer(fuzz_gw, umad, model_id):
         route, headers, raw = request
         r = client.post(route, content=raw, headers=headers)
         event(f"status {r.status_code}")  # shown by --hypothesis-show-statistics
-        print("STATUS", r.status_code, r.headers.get("content-type"), r.text[:100].replace("\n", " "))
         check_answer(r)
 
     try:
