@@ -43,6 +43,7 @@ class Settings:
     body_timeout: float = 30.0
     shutdown_grace: float = 5.0
     pool_size: int = 4
+    default_max_tokens: int = 512  # a chat request's max_tokens when it sets none
 
 
 ROUTES = [

@@ -32,6 +32,7 @@ from uma_serve.gateway.streaming import (
     sse_response,
     tagged,
 )
+from uma_serve.gateway.tool_prompt import grammar_of
 
 QOS_HEADER = "x-uma-qos"
 # Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
@@ -257,15 +258,18 @@ async def _generate(request: Request, kind: type) -> Response:
             size = sum(len(m["content"].encode()) for m in messages)
             check_prompt_size(size, info, "messages")
             param = req.max_tokens_param
-            max_tokens = check_max_tokens(req.requested_max_tokens, info.max_tokens, info, param)
+            default = min(state.settings.default_max_tokens, info.max_tokens)
+            max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
             gen = p.Generate(
                 id=rid,
                 messages=[p.Message(**m) for m in messages],
                 max_tokens=max_tokens,
                 qos=qos,
+                grammar=grammar_of(req),
                 **sampling(req),
             )
             job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+            job.tool_mode = req.tool_mode
         job.n = req.n or 1
         if req.stream:
             response = await _start_stream(request, job, release, stop)
