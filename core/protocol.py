@@ -24,6 +24,7 @@ E_DUP_ID = "E_PROTO_003"  # an id that is already in flight on this connection
 E_LIMIT = "E_LIMIT_001"  # prompt over --max-prompt-bytes or over the context
 E_LIMIT_TOKENS = "E_LIMIT_002"  # max_tokens over --max-tokens
 E_BUSY = "E_BUSY_001"  # more requests than --max-sessions: retry later
+E_TEMPLATE = "E_TEMPLATE_001"  # the chat template refused the messages (its own message)
 E_MODEL = "E_MODEL_001"  # model problem (e.g. no chat template for messages)
 E_RUNTIME = "E_RUNTIME_001"  # llama_decode failed hard for this request
 E_IO = "E_IO_001"  # the client does not read its stream: write buffer over the bound

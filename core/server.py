@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from uma_serve.core import protocol as p
-from uma_serve.core.chat import ChatTemplate, ChatTemplateError
+from uma_serve.core.chat import ChatTemplate, ChatTemplateError, normalize
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
 from uma_serve.core.prompt_tokens import ChatTokenizer, PromptTokenizer
@@ -251,9 +251,10 @@ class CoreServer:
             if self.chat is None:
                 return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
-                parts = self.chat.render_parts([(m.role, m.content) for m in req.messages])
+                turns = normalize([(m.role, m.content) for m in req.messages])
+                parts = self.chat.render_parts(turns)
             except ChatTemplateError as exc:
-                return p.E_PROTO, str(exc)
+                return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
             tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
         else:
             tokens = self.tokenizer.tokenize(req.prompt or "")

@@ -191,7 +191,7 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                     f"{where}.content[{j}]",
                 )
             texts.append(part.text)
-        return "".join(texts)
+        return "\n".join(texts)
 
 
 class ChatRequest(_Sampling, kw_only=True):
@@ -243,7 +243,8 @@ class ChatRequest(_Sampling, kw_only=True):
 
     def core_messages(self) -> list[dict[str, str]]:
         """Messages in the core's shape: developer folds into system, parts into one text
-        (with tools or tool turns, the fallback rendering of gateway/tool_prompt.py)."""
+        joined by newlines (with tools or tool turns, the fallback rendering of
+        gateway/tool_prompt.py). The core merges system and consecutive same-role turns."""
         if self.tools or any(m.role == "tool" or m.tool_calls for m in self.messages):
             return tool_messages(self)
         out = []

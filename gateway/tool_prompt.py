@@ -4,8 +4,8 @@ prompt rendering of tools and tool turns (docs/GATEWAY.md "Tool calls").
 The core's chat template takes plain (role, text) turns, so tool definitions, calls and
 results are rendered here as text: a system block listing the tools as JSON and the call
 format; an assistant's calls as ``<tool_call>`` blocks; a tool result as a user turn holding
-a ``<tool_response>`` block (consecutive results, and a user turn after them, merge into one
-turn: templates such as Gemma's need the roles to alternate).
+a ``<tool_response>`` block (the core merges consecutive same-role turns: templates such as
+Gemma's need the roles to alternate).
 """
 
 from __future__ import annotations
@@ -99,22 +99,14 @@ def _turn(m: ChatMessage, index: int, names: dict[str, str]) -> tuple[str, str]:
 
 
 def tool_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """The request's messages in the core's shape, tools and tool turns rendered as text."""
+    """The request's messages in the core's shape, tools and tool turns rendered as text
+    (the core then merges the system turns and consecutive same-role turns)."""
     names = {c.id: c.function.name for m in req.messages for c in m.tool_calls or []}
-    out: list[dict[str, str]] = []
-    after_tool = False
+    out = []
     for i, m in enumerate(req.messages):
         role, content = _turn(m, i, names)
-        is_tool = m.role == "tool"
-        if out and role == "user" and out[-1]["role"] == "user" and (is_tool or after_tool):
-            out[-1]["content"] += "\n" + content
-        else:
-            out.append({"role": role, "content": content})
-        after_tool = is_tool or (after_tool and role == "user")
+        out.append({"role": role, "content": content})
     if req.tools and req.tool_choice != "none":
         block = gbnf.tools_block([_builtin(t) for t in req.tools])
-        if out and out[0]["role"] == "system":
-            out[0]["content"] = f"{block}\n\n{out[0]['content']}"
-        else:
-            out.insert(0, {"role": "system", "content": block})
+        out.insert(0, {"role": "system", "content": block})
     return out

@@ -230,6 +230,19 @@ def test_inconsistent_fields_are_400s_naming_them(gateway, body, param) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
-def test_chat_without_max_tokens_gets_the_default(sdk, model_id) -> None:
-    r = sdk.chat.completions.create(model=model_id, messages=ASK, extra_body={"ignore_eos": True})
-    assert r.usage.completion_tokens == 512 and r.choices[0].finish_reason == "length"
+def test_chat_without_max_tokens_gets_the_default(gateway, tmp_path) -> None:
+    from .gateway_fixtures import start_gateway
+
+    core = gateway.proc.args[gateway.proc.args.index("--core-socket") + 1]
+    gw = start_gateway(core, "--default-max-tokens", "7", log_dir=tmp_path)
+    try:
+        sdk = gw.client()
+        model = sdk.models.list().data[0].id
+        r = sdk.chat.completions.create(model=model, messages=ASK, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
+        r = sdk.chat.completions.create(
+            model=model, messages=ASK, max_tokens=9, extra_body={"ignore_eos": True}
+        )
+        assert r.usage.completion_tokens == 9  # a request's own max_tokens wins
+    finally:
+        gw.stop()
