@@ -59,6 +59,35 @@ def _convert(schema: Any, root: str, param: str) -> Any:
     return conv
 
 
+_DEFS = ("$defs", "definitions")
+
+
+def _hoisted(schema: Any, prefix: str, defs: dict[str, Any]) -> Any:
+    """``schema`` (a function's parameters) with its local definitions moved into ``defs``
+    under ``prefix``-ed names and its ``$ref``s rewritten to them: several functions' own
+    ``#/$defs/...`` then live in one document without clashing (the converter names a
+    definition's rule by its name alone)."""
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: rewrite(v) for k, v in node.items() if k not in _DEFS or node is not schema}
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            for key in _DEFS:
+                if ref.startswith(f"#/{key}/"):
+                    out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3 :]}"
+        return out
+
+    if isinstance(schema, dict):
+        for key in _DEFS:
+            for name, sub in (schema.get(key) or {}).items():
+                defs[f"{prefix}{name}"] = rewrite(sub)
+    return rewrite(schema)
+
+
 def _format(conv: Any) -> str:
     """The grammar's text; JSON strings may not hold raw control characters (the converter's
     ``char`` allows them, and JSON parsers refuse them)."""
@@ -84,8 +113,15 @@ def call_schema(function: dict[str, Any]) -> dict[str, Any]:
 def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:
     """GBNF forcing a tool call (or up to MAX_PARALLEL_CALLS of them) in the documented
     format (docs/GATEWAY.md "Tool calls"), each to one of ``functions``."""
-    schemas = [call_schema(f) for f in functions]
+    defs: dict[str, Any] = {}
+    schemas = []
+    for i, f in enumerate(functions):
+        # each function's "#/$defs/..." refers to its own parameters, not to this wrapper
+        params = _hoisted(f.get("parameters"), f"fn{i}-", defs)
+        schemas.append(call_schema({**f, "parameters": params}))
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if defs:
+        schema = {**schema, "$defs": defs}
     conv = _convert(schema, "call", "tools")
     block = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
     more = f' ("\\n" {block}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""

@@ -54,7 +54,9 @@ def grammar_of(req: ChatRequest) -> str | None:
     """The GBNF constraining the answer: forced tool calls or the response format."""
     if req.tool_mode == "forced":
         functions = [_builtin(f) for f in req.forced_functions()]
-        return gbnf.tool_call_grammar(functions, req.parallel_tool_calls is not False)
+        # a named function is called once (as OpenAI and vLLM do); "required" may call several
+        parallel = req.parallel_tool_calls is not False and isinstance(req.tool_choice, str)
+        return gbnf.tool_call_grammar(functions, parallel)
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None

@@ -411,3 +411,19 @@ def test_drain_stops_running_requests_after_the_grace():
         drain.discard(stop)
 
     asyncio.run(scenario())
+
+
+def test_tool_grammar_resolves_each_functions_own_refs():
+    from uma_serve.gateway import gbnf
+
+    def fn(name: str, kind: str) -> dict:
+        defs = {"Inner": {"type": "object", "properties": {"x": {"type": kind}}}}
+        props = {"inner": {"$ref": "#/$defs/Inner"}}
+        return {"name": name, "parameters": {"type": "object", "properties": props, "$defs": defs}}
+
+    grammar = gbnf.tool_call_grammar([fn("a", "integer"), fn("b", "boolean")], parallel=True)
+    assert "root ::=" in grammar and gbnf.TOOL_OPEN in grammar
+    assert "integer" in grammar and "boolean" in grammar
+    with pytest.raises(ApiError) as info:
+        gbnf.json_schema_grammar({"$ref": "#/$defs/Missing"}, "response_format.json_schema.schema")
+    assert info.value.param == "response_format.json_schema.schema"
