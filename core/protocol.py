@@ -116,7 +116,34 @@ class InfoRequest(msgspec.Struct, forbid_unknown_fields=True):
     id: str | None = None
 
 
-Request = Generate | Cancel | MetricsRequest | HealthRequest | InfoRequest
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Text to token ids, as llama-server's /tokenize (nothing is generated)."""
+
+    type: Literal["tokenize"]
+    id: str | None = None
+    content: str
+    add_special: bool = False  # prepend BOS (as a prompt is tokenized)
+    parse_special: bool = True  # control-token texts become those tokens
+    with_pieces: bool = False  # each token's text too
+
+
+class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Token ids to text, as llama-server's /detokenize."""
+
+    type: Literal["detokenize"]
+    id: str | None = None
+    tokens: list[int]
+
+
+Request = (
+    Generate
+    | Cancel
+    | MetricsRequest
+    | HealthRequest
+    | InfoRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
 
 
 # ---- events (core -> client) ----
@@ -212,8 +239,32 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     gguf_chat_template: bool = False
 
 
+class TokensEvent(msgspec.Struct, tag_field="event", tag="tokens", omit_defaults=True):
+    """The answer to ``tokenize``: ids, and with ``with_pieces`` each token's text (a string,
+    or its bytes as a list of ints where they are not valid UTF-8 on their own)."""
+
+    id: str | None
+    tokens: list[int]
+    pieces: list[str | list[int]] | None = None
+
+
+class TextEvent(msgspec.Struct, tag_field="event", tag="text"):
+    """The answer to ``detokenize``: the tokens' text (invalid UTF-8 replaced by U+FFFD)."""
+
+    id: str | None
+    content: str
+
+
 Event = (
-    TokenEvent | EosEvent | CompletionEvent | ErrorEvent | MetricsEvent | HealthEvent | InfoEvent
+    TokenEvent
+    | EosEvent
+    | CompletionEvent
+    | ErrorEvent
+    | MetricsEvent
+    | HealthEvent
+    | InfoEvent
+    | TokensEvent
+    | TextEvent
 )
 
 
@@ -239,6 +290,8 @@ _request_decoders: dict[str, msgspec.json.Decoder] = {
     "metrics": msgspec.json.Decoder(MetricsRequest),
     "health": msgspec.json.Decoder(HealthRequest),
     "info": msgspec.json.Decoder(InfoRequest),
+    "tokenize": msgspec.json.Decoder(TokenizeRequest),
+    "detokenize": msgspec.json.Decoder(DetokenizeRequest),
 }
 _event_decoder = msgspec.json.Decoder(Event)
 _TOO_DEEP = "invalid JSON object: nested too deeply (arrays/objects over ~1000 levels)"

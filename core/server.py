@@ -217,6 +217,8 @@ class CoreServer:
                 conn.send(p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
             case p.InfoRequest(id=rid):
                 conn.send(self.info(rid))
+            case p.TokenizeRequest() | p.DetokenizeRequest():
+                conn.send(self.tokens(request))
 
     def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
         c = self.config
@@ -270,6 +272,32 @@ class CoreServer:
         conn.inflight.add(req.id)
         self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
         return None
+
+    def tokens(self, req: p.TokenizeRequest | p.DetokenizeRequest) -> p.Event:
+        """``tokenize`` / ``detokenize`` (llama-server's /tokenize and /detokenize)."""
+        rt = self.runtime
+        if isinstance(req, p.DetokenizeRequest):
+            bad = [t for t in req.tokens if not 0 <= t < rt.n_vocab]
+            if bad:
+                vocab = f"(0..{rt.n_vocab - 1})"
+                return p.ErrorEvent(req.id, p.E_PROTO, f"token id {bad[0]} is not in {vocab}")
+            text = b"".join(rt.piece(t, special=True) for t in req.tokens)
+            return p.TextEvent(req.id, text.decode("utf-8", "replace"))
+        size = len(req.content.encode())
+        if size > self.config.max_prompt_bytes:
+            limit = self.config.max_prompt_bytes
+            return p.ErrorEvent(req.id, p.E_LIMIT, f"{size} bytes over max_prompt_bytes {limit}")
+        ids = rt.tokenize(req.content, req.add_special, req.parse_special)
+        if not req.with_pieces:
+            return p.TokensEvent(req.id, ids)
+        pieces: list[str | list[int]] = []
+        for t in ids:
+            raw = rt.piece(t, special=True)
+            try:
+                pieces.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                pieces.append(list(raw))
+        return p.TokensEvent(req.id, ids, pieces)
 
     def info(self, rid: str | None) -> p.InfoEvent:
         rt = self.runtime

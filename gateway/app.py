@@ -51,6 +51,8 @@ ROUTES = [
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
     Route("/v1/models", routes.list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+    Route("/tokenize", routes.tokenize, methods=["POST"]),
+    Route("/detokenize", routes.detokenize, methods=["POST"]),
     Route("/health", routes.health, methods=["GET"]),
     Route("/metrics", routes.metrics, methods=["GET"]),
 ]

@@ -295,3 +295,26 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         ) from None
     req.check()
     return req
+
+
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """llama-server's /tokenize body (``model`` accepted as vLLM clients send it)."""
+
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+    model: str | None = None
+
+    def check(self) -> None:
+        pass
+
+
+class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """llama-server's /detokenize body."""
+
+    tokens: list[int]
+    model: str | None = None
+
+    def check(self) -> None:
+        pass

@@ -357,6 +357,53 @@ def _model_card(info: p.InfoEvent, request: Request) -> dict[str, Any]:
     }
 
 
+async def _small_body(request: Request, kind: type) -> Any:
+    settings = request.app.state.settings
+    check_json_body(request)
+    try:
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+    except ClientGone:
+        return None
+    req = schema.decode(body, kind)
+    if req.model is not None:
+        check_model(req.model, await core_info(request))
+    return req
+
+
+async def tokenize(request: Request) -> Response:
+    """llama-server's /tokenize: ``{"tokens": [ids]}``, or with ``with_pieces``
+    ``{"tokens": [{"id", "piece"}]}`` (a piece that is not valid UTF-8 alone: its bytes)."""
+    req = await _small_body(request, schema.TokenizeRequest)
+    if req is None:
+        return Response(status_code=499)
+    flags = {"add_special": req.add_special, "parse_special": req.parse_special}
+    try:
+        ev = await request.app.state.pool.tokenize(
+            req.content, with_pieces=req.with_pieces, **flags
+        )
+    except CoreError as exc:
+        raise from_core_error(exc, "content") from None
+    if ev.pieces is None:
+        return JSONResponse({"tokens": ev.tokens})
+    tokens = [{"id": t, "piece": s} for t, s in zip(ev.tokens, ev.pieces, strict=True)]
+    return JSONResponse({"tokens": tokens})
+
+
+async def detokenize(request: Request) -> Response:
+    """llama-server's /detokenize: ``{"content": text}``."""
+    req = await _small_body(request, schema.DetokenizeRequest)
+    if req is None:
+        return Response(status_code=499)
+    try:
+        content = await request.app.state.pool.detokenize(req.tokens)
+    except CoreError as exc:
+        err = from_core_error(exc, "tokens")
+        if exc.code == p.E_PROTO:
+            err.param, err.code = "tokens", "invalid_value"
+        raise err from None
+    return JSONResponse({"content": content})
+
+
 async def health(request: Request) -> Response:
     """200 when the core answers ``health``; 503 with the reason otherwise."""
     try:
