@@ -385,6 +385,8 @@ class Engine:
         self._samplers.release(seq.seq_id, seq.sampler)
         self.metrics.requests_total[reason] += 1
         self.metrics.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
+        self.metrics.request_prompt_tokens.observe(len(seq.prompt))
+        self.metrics.request_generation_tokens.observe(seq.generated)
         self.metrics.active_sessions = len(self._running)
         self.metrics.kv_cells_used = sum(s.n_past for s in self._running.values())
         if send:

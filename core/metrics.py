@@ -17,6 +17,11 @@ LATENCY_BUCKETS_MS = (
     1000, 1500, 2000, 3000, 5000, 10000, 20000, 60000,
 )  # fmt: skip
 
+# Upper bounds in tokens for per-request token counts (vLLM's 1-2-5 series)
+TOKEN_BUCKETS = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
+)  # fmt: skip
+
 END_REASONS = ("stop", "length", "cancelled", "error")
 QOS_CLASSES = ("interactive", "background")
 
@@ -87,6 +92,8 @@ class EngineMetrics:
         self.inter_token_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
         self.e2e_ms = Histogram()
         self.queue_ms = Histogram()
+        self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)  # per finished request
+        self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
         self.decode_ms_last = ms
@@ -158,6 +165,10 @@ class EngineMetrics:
                 "inter_token_ms": self.inter_token_ms.snapshot(),
                 "e2e_ms": self.e2e_ms.snapshot(),
                 "queue_ms": self.queue_ms.snapshot(),
+            },
+            "token_histograms": {
+                "request_prompt_tokens": self.request_prompt_tokens.snapshot(),
+                "request_generation_tokens": self.request_generation_tokens.snapshot(),
             },
             "histograms_by_qos": {
                 "ttft_ms": {q: h.snapshot() for q, h in self.ttft_ms_by_qos.items()},

@@ -48,23 +48,12 @@ GAUGES = {
         "uma_prefill_guard_active",
         "1 when a guard held back work in the last tick (or hysteresis holds prefill).",
     ),
-    "tick_ms_predicted_last": (
-        "uma_tick_ms_predicted",
-        "The tick-time model's prediction for the last tick (ms).",
-    ),
-    "tick_budget_ms_last": ("uma_tick_budget_ms", "The time budget of the last tick (ms)."),
-    "tick_overhead_ms_ewma": (
-        "uma_tick_overhead_ms_ewma",
-        "Engine time per tick outside llama_decode, smoothed (ms).",
-    ),
     "bmt_estimate_last": ("uma_bmt_estimate_bytes", "Estimated bytes the last tick moved."),
     "bmt_budget": ("uma_bmt_budget_bytes_per_second", "ΣBMT guard budget (0: off)."),
-    "decode_ms_ewma": ("uma_decode_ms_ewma", "EWMA of llama_decode time per tick (ms)."),
-    "decode_ms_last": ("uma_decode_ms_last", "llama_decode time of the last tick (ms)."),
     "batch_size_last": ("uma_batch_size_last", "Tokens in the last tick's batch."),
     "kv_cache_usage_ratio": ("uma_kv_cache_usage_ratio", "Used share of the KV cache (0-1)."),
     "kv_cells_used": ("uma_kv_cells_used", "KV cache cells in use."),
-    "kv_cells_total": ("uma_kv_cells_total", "KV cache cells in total."),
+    "kv_cells_total": ("uma_kv_cells_capacity", "KV cache cells in total."),
     "uptime_s": ("uma_core_uptime_seconds", "Seconds since the core started."),
     "prefix_cache_resident_tokens": (
         "uma_prefix_cache_resident_tokens",
@@ -74,6 +63,20 @@ GAUGES = {
     "spec_acceptance_rate": (
         "uma_spec_acceptance_rate",
         "Accepted / drafted tokens of speculative decoding since start.",
+    ),
+}
+# snapshot key (milliseconds) -> (gauge name in seconds, help)
+MS_GAUGES = {
+    "decode_ms_ewma": ("uma_decode_ewma_seconds", "EWMA of llama_decode time per tick."),
+    "decode_ms_last": ("uma_decode_last_seconds", "llama_decode time of the last tick."),
+    "tick_ms_predicted_last": (
+        "uma_tick_predicted_seconds",
+        "The tick-time model's prediction for the last tick.",
+    ),
+    "tick_budget_ms_last": ("uma_tick_budget_seconds", "The time budget of the last tick."),
+    "tick_overhead_ms_ewma": (
+        "uma_tick_overhead_ewma_seconds",
+        "Engine time per tick outside llama_decode, smoothed.",
     ),
 }
 # snapshot key -> (counter name, help)
@@ -125,45 +128,70 @@ COUNTERS = {
 }
 
 
+# snapshot token_histograms key -> (metric name, help): counts of tokens, not times
+TOKEN_HISTOGRAMS = {
+    "request_prompt_tokens": ("uma_request_prompt_tokens", "Prompt tokens per finished request."),
+    "request_generation_tokens": (
+        "uma_request_generation_tokens",
+        "Generated tokens per finished request.",
+    ),
+}
+
+# our families that vLLM also exports, under the same name after its prefix: with
+# --vllm-metric-names they are exported a second time as ``vllm:<name>``
+VLLM_NAMES = frozenset({
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+    "time_to_first_token_seconds", "time_per_output_token_seconds",
+    "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+    "request_prompt_tokens", "request_generation_tokens", "prompt_tokens", "generation_tokens",
+    "request_success",
+})  # fmt: skip
+
 QOS_HISTOGRAMS = {
     "ttft_ms": ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class."),
     "inter_token_ms": ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class."),
 }
 
 
-def cumulative_buckets(h: dict[str, Any]) -> list[tuple[str, float]]:
-    """Core histogram (ms bounds, per-bucket counts) -> cumulative ``le`` buckets in seconds."""
+def cumulative_buckets(h: dict[str, Any], scale: float = 1e-3) -> list[tuple[str, float]]:
+    """Core histogram (per-bucket counts) -> cumulative ``le`` buckets, bounds times
+    ``scale`` (milliseconds to seconds by default)."""
     buckets: list[tuple[str, float]] = []
     running = 0
     counts = h.get("counts", [])
     for bound, n in zip(h.get("bounds", []), counts, strict=False):
         running += n
-        buckets.append((repr(bound / 1000.0), running))
+        buckets.append((repr(bound * scale if scale != 1.0 else float(bound)), running))
     buckets.append(("+Inf", h.get("count", sum(counts))))
     return buckets
 
 
-def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricFamily:
+def histogram_family(
+    name: str, doc: str, h: dict[str, Any], scale: float = 1e-3
+) -> HistogramMetricFamily:
     return HistogramMetricFamily(
-        name, doc, buckets=cumulative_buckets(h), sum_value=h.get("sum", 0.0) / 1000.0
+        name, doc, buckets=cumulative_buckets(h, scale), sum_value=h.get("sum", 0.0) * scale
     )
 
 
-def qos_histogram_family(name: str, doc: str, by_qos: dict[str, Any]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=["qos"])
-    for qos, h in by_qos.items():
-        family.add_metric([qos], cumulative_buckets(h), h.get("sum", 0.0) / 1000.0)
-    return family
+def renamed(family: Metric, name: str) -> Metric:
+    """A copy of ``family`` under another name (its samples' names follow)."""
+    copy = Metric(name, family.documentation, family.type)
+    copy.samples = [x._replace(name=name + x.name[len(family.name) :]) for x in family.samples]
+    return copy
 
 
 class CoreCollector(Collector):
-    """Families built from the last snapshot handed to ``set_snapshot`` (None: core down)."""
+    """Families built from the last snapshot handed to ``set_snapshot`` (None: core down).
+    Every core family carries the label ``model_name`` (the loaded model's id), as vLLM's."""
 
-    def __init__(self) -> None:
+    def __init__(self, vllm_names: bool = False) -> None:
         self._snapshot: dict[str, Any] | None = None
+        self._model = ""
+        self.vllm_names = vllm_names
 
-    def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
-        self._snapshot = snapshot
+    def set_snapshot(self, snapshot: dict[str, Any] | None, model: str = "") -> None:
+        self._snapshot, self._model = snapshot, model
 
     def describe(self) -> list[Metric]:
         return []  # families vary with the snapshot; skip registry-time checks
@@ -175,34 +203,71 @@ class CoreCollector(Collector):
         yield up
         if snap is None:
             return
+        for family in self._families(snap):
+            yield family
+            short = family.name.removeprefix("uma_")
+            if self.vllm_names and short in VLLM_NAMES:
+                yield renamed(family, f"vllm:{short}")
+
+    def _families(self, snap: dict[str, Any]) -> Iterator[Metric]:
+        model = self._model
+        label = ["model_name"]
+
+        def gauge(name: str, doc: str, value: float) -> Metric:
+            family = GaugeMetricFamily(name, doc, labels=label)
+            family.add_metric([model], float(value))
+            return family
+
+        def histogram(name: str, doc: str, h: dict[str, Any], scale: float = 1e-3) -> Metric:
+            family = HistogramMetricFamily(name, doc, labels=label)
+            family.add_metric([model], cumulative_buckets(h, scale), h.get("sum", 0.0) * scale)
+            return family
+
         for key, (name, doc) in GAUGES.items():
             if key in snap:
-                yield GaugeMetricFamily(name, doc, value=float(snap[key]))
+                yield gauge(name, doc, snap[key])
+        if "kv_cache_usage_ratio" in snap:  # vLLM's name (a share 0-1 too, despite "perc")
+            yield gauge("uma_kv_cache_usage_perc", "KV cache usage (0-1), vLLM's name.",
+                        snap["kv_cache_usage_ratio"])  # fmt: skip
+        for key, (name, doc) in MS_GAUGES.items():
+            if key in snap:
+                yield gauge(name, doc, float(snap[key]) / 1000.0)
         tick = GaugeMetricFamily(
-            "uma_tick_tokens", "Tokens in the last tick, by phase.", labels=["phase"]
+            "uma_tick_tokens", "Tokens in the last tick, by phase.", labels=[*label, "phase"]
         )
         for phase, n in (snap.get("tokens_per_tick") or {}).items():
-            tick.add_metric([phase], float(n))
+            tick.add_metric([model, phase], float(n))
         yield tick
         for key, (name, doc) in COUNTERS.items():
             if key in snap:
-                yield CounterMetricFamily(name, doc, value=float(snap[key]))
+                family = CounterMetricFamily(name, doc, labels=label)
+                family.add_metric([model], float(snap[key]))
+                yield family
         done = CounterMetricFamily(
             "uma_request_success_total",
             "Requests finished in the core, by finish reason.",
-            labels=["finished_reason"],
+            labels=[*label, "finished_reason"],
         )
         for reason, n in (snap.get("requests_total") or {}).items():
-            done.add_metric([reason], float(n))
+            done.add_metric([model, reason], float(n))
         yield done
+        histograms = snap.get("histograms") or {}
         for key, (name, doc) in HISTOGRAMS.items():
-            h = (snap.get("histograms") or {}).get(key)
-            if h:
-                yield histogram_family(name, doc, h)
+            if h := histograms.get(key):
+                yield histogram(name, doc, h)
+        if h := histograms.get("inter_token_ms"):  # vLLM's older name for the same
+            doc = "Time between consecutive tokens (vLLM's time per output token)."
+            yield histogram("uma_time_per_output_token_seconds", doc, h)
+        for key, (name, doc) in TOKEN_HISTOGRAMS.items():
+            if h := (snap.get("token_histograms") or {}).get(key):
+                yield histogram(name, doc, h, scale=1.0)
         for key, (name, doc) in QOS_HISTOGRAMS.items():
             by_qos = (snap.get("histograms_by_qos") or {}).get(key) or {}
             if by_qos:
-                yield qos_histogram_family(name, doc, by_qos)
+                family = HistogramMetricFamily(name, doc, labels=[*label, "qos"])
+                for qos, h in by_qos.items():
+                    family.add_metric([model, qos], cumulative_buckets(h), h.get("sum", 0.0) / 1e3)
+                yield family
 
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -215,9 +280,9 @@ ADDED_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 class GatewayMetrics:
     """The gateway's registry: the core collector plus its own HTTP counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.core = CoreCollector()
+        self.core = CoreCollector(vllm_names)
         self.registry.register(self.core)
         self.http_requests = Counter(
             "uma_http_requests",

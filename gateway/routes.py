@@ -429,9 +429,10 @@ async def metrics(request: Request) -> Response:
     state = request.app.state
     try:
         snapshot = await asyncio.wait_for(state.pool.metrics(), 5.0)
+        model = (await state.pool.info()).model
     except (CoreError, TimeoutError):
-        snapshot = None
+        snapshot, model = None, ""
     # No await between setting the snapshot and rendering: concurrent scrapes cannot mix.
-    state.metrics.core.set_snapshot(snapshot)
+    state.metrics.core.set_snapshot(snapshot, model)
     data = generate_latest(state.metrics.registry)
     return Response(data, media_type=CONTENT_TYPE_LATEST)
