@@ -6,13 +6,17 @@ grammar's parse stacks: ~0.3 us a token, so masking the whole 262,144-token row 
 drawn without the grammar and kept when the grammar accepts it (one check); only otherwise is
 the row masked, and then only as far as needed: the row's best tokens in growing slices
 (64, 1,024, 16,384, all) until ``top_k`` of them pass (greedy: one), so the top-k of the
-allowed tokens is exactly what a whole-row mask would give. The rest of the chain (bias,
+allowed tokens is what a whole-row mask would give, or until the tokens not yet checked are
+all too unlikely to be drawn (under the best allowed token's by min-p's ratio, or together
+under 1e-4 of it without min-p): without that, a grammar allowing fewer than ``top_k``
+tokens (a quote, a brace) scans the whole row at every such step. The rest of the chain (bias,
 penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 
 import llama_cpp as ll
 import numpy as np
@@ -102,6 +106,11 @@ class GrammarSampler:
         p = self.inner.p
         n = len(logits)
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
+        # below the best allowed token by more than this, a token cannot be drawn: min-p would
+        # drop it; without min-p, all the unchecked tokens together would hold under 1e-4 of
+        # the best one's probability
+        temp = max(p.temperature, 1e-6)
+        cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
         checked = np.zeros(n, dtype=bool)
         ok: list[np.ndarray] = []
         cands = self._eog
@@ -112,9 +121,11 @@ class GrammarSampler:
             checked[cands] = True
             ok.append(cands[self._apply(cands, logits[cands])])
             allowed = np.concatenate(ok)
-            floor = logits[top].min()  # every unchecked token is at or below it
+            floor = float(logits[top].min())  # every unchecked token is at or below it
             if size >= n or int((logits[allowed] >= floor).sum()) >= need:
                 break
+            if len(allowed) and floor < float(logits[allowed].max()) + cut:
+                break  # the unchecked tokens are all too unlikely to be drawn
             cands = np.empty(0, dtype=np.int64)
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
