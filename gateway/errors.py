@@ -87,8 +87,9 @@ def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
         return ApiError(400, msg, param=prompt_param, code="invalid_value")
     if code == p.E_MODEL:
         return ApiError(400, msg, param=prompt_param, code="model_not_supported")
-    if code == p.E_PROTO and "'grammar'" in msg:  # built here from these fields
-        return ApiError(400, msg, param="response_format", code="invalid_value")
+    if code == p.E_PROTO and "'grammar'" in msg:  # a completion's own, or built from these
+        param = "grammar" if prompt_param == "prompt" else "response_format"
+        return ApiError(400, msg, param=param, code="invalid_value")
     if code in (p.E_PROTO, p.E_DUP_ID):
         return ApiError(400, msg, code="invalid_request")
     if code == p.E_BUSY:

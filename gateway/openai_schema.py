@@ -88,6 +88,8 @@ class CompletionRequest(_Sampling, kw_only=True):
     best_of: int | None = None
     suffix: str | None = None
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None  # legacy: up to 5
+    # llama-server's extension: GBNF text (root rule ``root``) constraining the output
+    grammar: Annotated[str, msgspec.Meta(min_length=1, max_length=65536)] | None = None
 
     def check(self) -> None:
         self.check_common()

@@ -250,7 +250,14 @@ async def _generate(request: Request, kind: type) -> Response:
             text = req.prompt_text
             check_prompt_size(len(text.encode()), info, "prompt")
             max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
-            gen = p.Generate(id=rid, prompt=text, max_tokens=max_tokens, qos=qos, **sampling(req))
+            gen = p.Generate(
+                id=rid,
+                prompt=text,
+                max_tokens=max_tokens,
+                qos=qos,
+                grammar=req.grammar,
+                **sampling(req),
+            )
             job = Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
         else:
             rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"

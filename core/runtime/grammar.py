@@ -16,6 +16,7 @@ penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's.
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 
 import llama_cpp as ll
@@ -38,6 +39,14 @@ def parse_grammar(vocab: ll.llama_vocab_p, text: str) -> ll.llama_sampler_p:
     if not sampler:
         raise GrammarError("the grammar does not parse as GBNF with a 'root' rule")
     return sampler
+
+
+def json_schema_gbnf(schema: dict) -> str:
+    """GBNF for a JSON schema by llama-cpp-python's converter (for tools such as the bench;
+    the gateway converts without loading libllama, gateway/gbnf.py)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    return json_schema_to_gbnf(json.dumps(schema))
 
 
 def check_grammar(vocab: ll.llama_vocab_p, text: str) -> None:

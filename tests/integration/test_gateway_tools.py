@@ -246,3 +246,16 @@ def test_chat_without_max_tokens_gets_the_default(gateway, tmp_path) -> None:
         assert r.usage.completion_tokens == 9  # a request's own max_tokens wins
     finally:
         gw.stop()
+
+
+def test_a_completion_takes_a_gbnf_grammar(sdk, model_id, gateway) -> None:
+    import httpx
+
+    grammar = 'root ::= "yes" | "no"'
+    r = sdk.completions.create(
+        model=model_id, prompt="Is water wet?", max_tokens=5, extra_body={"grammar": grammar}
+    )
+    assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
+    body = {"prompt": "x", "max_tokens": 2, "grammar": "root ::= nothing"}
+    bad = httpx.post(f"{gateway.base_url}/completions", json=body)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "grammar", bad.text
