@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml Makefile
 	# service is not needed (tests run their own server on a free loopback port).
 	command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends prometheus)
+	# Debian's nginx for the deploy test (deploy/nginx/uma.conf in front of two gateways);
+	# the test runs its own nginx, in the foreground, on a free loopback port
+	command -v nginx >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends nginx)
 	touch $(STAMP)
 
 run: install

@@ -1,4 +1,4 @@
-"""calibrate: measure this machine's effective bandwidth for the loaded model (ΣBMT guard).
+"""calibrate: measure this machine's effective bandwidth for the loaded model (--bmt-budget).
 
 Runs decode-only ticks at several batch sizes and context lengths in-process, estimates the
 bytes each tick moves with the guard's own model (core/policy/bmt.py: weights once + KV cells

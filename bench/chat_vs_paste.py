@@ -1,4 +1,4 @@
-"""chat-vs-paste: the seeds' two-app case, one chat session while another app pastes one big
+"""chat-vs-paste: two apps on one server, one chat session while another app pastes one big
 document. Chat TTF5, worst pause and ITL alone and with the paste (ratios); the paste's TTFT
 and end-to-end time."""
 

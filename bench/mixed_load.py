@@ -1,7 +1,7 @@
 """mixed-load: 3 interactive sessions (a few turns each) plus 1 long document summary in the
 background; per-token CSV (session_id,token_idx,ts_ms,is_interactive), ITL p50/p95 per class.
 
-The sessions first run alone (no document): that is the "solo" the north-star ratio refers to
+The sessions first run alone (no document): that is the "solo" the loaded ratios refer to
 here, the same interactive load without the background work, as storm's solo is its one
 interactive stream without the storm."""
 

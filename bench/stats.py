@@ -5,7 +5,7 @@ Definitions follow vLLM's serving benchmark (benchmarks/benchmark_serving.py):
 - ITL: every gap between consecutive content chunks (all requests' gaps pooled).
 - TPOT: (E2E - TTFT) / (output tokens - 1), per request.
 - E2E: send -> last chunk.
-Plus the seeds' user-felt figures:
+Plus two figures a user feels directly:
 - worst pause: the longest gap between content chunks in the first 3 s after the first one.
 - TTF5: send -> fifth content chunk (None when the stream had fewer).
 All times in and out are milliseconds.

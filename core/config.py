@@ -18,6 +18,7 @@ import yaml
 log = logging.getLogger("uma.config")
 
 SAMPLERS = ("auto", "numpy", "llama", "backend", "backend-topk")
+SPLIT_MODES = ("none", "layer", "row")
 # keys of the original design's YAML example that no option reads any more: accepted with a
 # warning, so that example still loads (any other unknown key stays an error)
 LEGACY_KEYS = frozenset(
@@ -36,6 +37,9 @@ class Config:
     n_ubatch: int = 512
     threads: int = 0
     n_gpu_layers: int = 0
+    split_mode: str = "layer"
+    tensor_split: str = ""
+    main_gpu: int = 0
     max_sessions: int = 64
     max_prompt_bytes: int = 262144
     max_tokens: int = 4096
@@ -79,6 +83,21 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     "n_ubatch": ("physical batch: tokens per compute graph", "n_ubatch"),
     "threads": ("CPU threads for decode (0: all cores)", "threads"),
     "n_gpu_layers": ("layers offloaded to the GPU in a GPU build (-1: all)", "n_gpu_layers"),
+    "split_mode": (
+        "a model over several GPUs (llama.cpp's split): none (all on --main-gpu), layer (whole "
+        "layers and their KV per GPU) or row (each layer's rows across the GPUs)",
+        "split_mode",
+    ),
+    "tensor_split": (
+        "each GPU's share of the model with --split-mode layer or row, comma-separated "
+        "proportions in device order, e.g. 3,1 ('': by free memory)",
+        "tensor_split",
+    ),
+    "main_gpu": (
+        "the GPU that holds the whole model with --split-mode none (with row: the "
+        "intermediate results and KV)",
+        "main_gpu",
+    ),
     "max_sessions": (
         "requests in flight at most (running + waiting); more get E_BUSY_001",
         "limits.max_sessions",
@@ -330,12 +349,32 @@ def validate(c: Config) -> None:
         problems.append("spec_draft must be -1 (auto), 0 (off) or positive")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0 or c.pause_every < 1:
         problems.append("bg_tick_ms must be positive, hold_ticks not negative, pause_every >= 1")
+    if c.split_mode not in SPLIT_MODES:
+        problems.append(f"split_mode must be one of {', '.join(SPLIT_MODES)}")
+    if c.main_gpu < 0:
+        problems.append("main_gpu must not be negative")
+    try:
+        shares = tensor_shares(c.tensor_split)
+    except ValueError as exc:
+        problems.append(str(exc))
+    else:
+        if shares and (min(shares) < 0 or sum(shares) <= 0):
+            problems.append("tensor_split shares must not be negative, and not all zero")
     if c.sampler not in SAMPLERS:
         problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
     if c.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append("log_level must be debug, info, warning or error")
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def tensor_shares(text: str) -> tuple[float, ...]:
+    """--tensor-split as numbers: "3,1" -> (3.0, 1.0); "" -> () (llama.cpp decides)."""
+    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+    try:
+        return tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"tensor_split must be comma-separated numbers, got {text!r}") from None
 
 
 def default_model_path() -> str:

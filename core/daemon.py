@@ -59,6 +59,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
             n_seq=config.n_seq,
             threads=config.threads,
             n_gpu_layers=config.n_gpu_layers,
+            split_mode=config.split_mode,
+            tensor_split=cfg.tensor_shares(config.tensor_split),
+            main_gpu=config.main_gpu,
             # reusing a cached prefix needs the SWA layers' KV of every position it covers
             swa_full=prefix_cache,
             n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,

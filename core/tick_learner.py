@@ -125,6 +125,18 @@ class TickLearner:
                 " ".join(items_text(plan, views)),
             )
 
+    def _bulk_caused(self, ms: float, plan: Plan, views: dict) -> bool:
+        """Whether the bulk work's predicted share made the tick overrun: without it the
+        tick would have kept its budget. An overrun that the protected work alone explains is
+        the machine's noise (another process, a frequency drop); holding bulk prefill for it
+        would starve long prompts on a busy machine, a few tokens every hold_ticks ticks."""
+        cost = self._model.cost
+        protected = tuple(i for i in plan.items if views[i.seq_id].qos == "interactive")
+        bulk_ms = cost.predict(plan_shape(plan.items, views)) - cost.predict(
+            plan_shape(protected, views)
+        )
+        return ms - bulk_ms <= (plan.budget_ms or 0.0)
+
     def _next_guard_state(
         self, ms: float, plan: Plan, views: dict, m: EngineMetrics
     ) -> tuple[int, int | None]:
@@ -155,7 +167,7 @@ class TickLearner:
             else:
                 self._recovery_ticks = 0.5 * (self._recovery_ticks + self._recovering)
                 self._recovering = None
-        if over and background_work:
+        if over and background_work and self._bulk_caused(ms, plan, views):
             m.ticks_over_budget_total += 1
             return max(c.hold_ticks, st.guard_hold - 1), None
         if st.guard_hold > 0:

@@ -20,7 +20,6 @@ from starlette.routing import Route
 
 from uma_serve.gateway import routes
 from uma_serve.gateway.auth import AuthMiddleware
-from uma_serve.gateway.core_pool import CorePool
 from uma_serve.gateway.drain import Drain
 from uma_serve.gateway.errors import (
     ApiError,
@@ -30,12 +29,13 @@ from uma_serve.gateway.errors import (
 )
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
 from uma_serve.gateway.request_id import RequestIdMiddleware
+from uma_serve.gateway.router import RouteMiddleware, Router, Routing
 from uma_serve.gateway.routes import Inflight
 
 
 @dataclass
 class Settings:
-    core_socket: str = "/tmp/uma.sock"
+    core_sockets: list[str] = field(default_factory=lambda: ["/tmp/uma.sock"])
     api_keys: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)
     max_inflight: int = 64
@@ -45,6 +45,10 @@ class Settings:
     pool_size: int = 4
     default_max_tokens: int = 512  # a chat request's max_tokens when it sets none
     vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
+    routing: Routing = "affinity"
+    affinity_chars: int = 512
+    balance_slack: int = 4
+    health_interval: float = 2.0
 
 
 ROUTES = [
@@ -65,8 +69,16 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool = CorePool(settings.core_socket, size=settings.pool_size)
-        app.state.pool = pool
+        pool = Router(
+            settings.core_sockets,
+            pool_size=settings.pool_size,
+            routing=settings.routing,
+            affinity_chars=settings.affinity_chars,
+            balance_slack=settings.balance_slack,
+            health_interval=settings.health_interval,
+            routed=metrics.routed,
+        )
+        app.state.pool = pool  # the routes' view of the cores (gateway/router.py)
         warm = asyncio.ensure_future(pool.warm())
         try:
             yield
@@ -78,14 +90,16 @@ def create_app(settings: Settings) -> Starlette:
         Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
         Middleware(RequestIdMiddleware),
     ]
+    if len(settings.core_sockets) > 1:
+        middleware.append(Middleware(RouteMiddleware))
     if settings.cors_origins:
         middleware.append(
             Middleware(
                 CORSMiddleware,
                 allow_origins=settings.cors_origins,
                 allow_methods=["GET", "POST", "OPTIONS"],
-                allow_headers=["Authorization", "Content-Type", "X-UMA-QoS"],
-                expose_headers=["X-Request-Id", "Retry-After"],
+                allow_headers=["Authorization", "Content-Type", "X-UMA-QoS", "X-Session-Id"],
+                expose_headers=["X-Request-Id", "Retry-After", "X-UMA-Core"],
             )
         )
     middleware.append(Middleware(AuthMiddleware, keys=settings.api_keys))

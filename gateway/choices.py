@@ -15,7 +15,7 @@ from contextlib import aclosing
 
 from uma_serve.core import protocol as p
 from uma_serve.gateway.answer import Job, Result
-from uma_serve.gateway.core_pool import CorePool
+from uma_serve.gateway.router import Router
 from uma_serve.gateway.streaming import Choice, collect
 
 _DONE = object()
@@ -52,7 +52,7 @@ async def merged(streams: list[AsyncIterator[p.Event]]) -> AsyncIterator[Choice]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def run_whole(pool: CorePool, job: Job) -> dict:
+async def run_whole(pool: Router, job: Job) -> dict:
     """A non-streamed answer (any n): every choice to its end, concurrently; the first
     failure cancels the others."""
     tasks = [asyncio.ensure_future(_one(pool, job, gen)) for gen in job.generates()]
@@ -64,6 +64,6 @@ async def run_whole(pool: CorePool, job: Job) -> dict:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _one(pool: CorePool, job: Job, gen: p.Generate) -> Result:
+async def _one(pool: Router, job: Job, gen: p.Generate) -> Result:
     async with aclosing(pool.stream(gen)) as events:
         return await collect(job, events)

@@ -25,8 +25,39 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--core-socket",
-        default=os.environ.get("UMA_SOCKET", "/tmp/uma.sock"),
-        help="the core's Unix socket (env UMA_SOCKET; default /tmp/uma.sock)",
+        action="append",
+        default=None,
+        help="a core's Unix socket; repeat it to put several cores (one umad each) behind "
+        "this gateway (env UMA_SOCKET, comma-separated; default /tmp/uma.sock)",
+    )
+    ap.add_argument(
+        "--routing",
+        choices=["affinity", "round-robin"],
+        default="affinity",
+        help="with several cores: affinity (a session's or a prompt's start keeps its core, "
+        "so the prefix cache hits) or round-robin",
+    )
+    ap.add_argument(
+        "--affinity-chars",
+        type=int,
+        default=512,
+        help="with several cores and no session key (X-Session-Id header or OpenAI 'user'): "
+        "the leading characters of a prompt, or of each chat message up to the first user "
+        "message, that pick the core",
+    )
+    ap.add_argument(
+        "--balance-slack",
+        type=int,
+        default=4,
+        help="with several cores: the preferred core is passed over for the least-loaded one "
+        "when it holds more than this many requests in flight beyond it",
+    )
+    ap.add_argument(
+        "--health-interval",
+        type=float,
+        default=2.0,
+        help="with several cores: seconds between health checks of each core (a core that "
+        "fails leaves the rotation at once, and returns at the first check it passes)",
     )
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ap.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
@@ -109,8 +140,9 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     keys = args.api_key if args.api_key is not None else env_list("UMA_API_KEY")
+    sockets = args.core_socket or env_list("UMA_SOCKET") or ["/tmp/uma.sock"]
     return Settings(
-        core_socket=args.core_socket,
+        core_sockets=sockets,
         api_keys=keys,
         cors_origins=args.cors_origin,
         max_inflight=args.max_inflight,
@@ -120,12 +152,22 @@ def settings_from(args: argparse.Namespace) -> Settings:
         pool_size=args.pool_size,
         default_max_tokens=args.default_max_tokens,
         vllm_metric_names=args.vllm_metric_names,
+        routing=args.routing,
+        affinity_chars=args.affinity_chars,
+        balance_slack=args.balance_slack,
+        health_interval=args.health_interval,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    app = create_app(settings_from(args))
+    ap = parser()
+    args = ap.parse_args(argv)
+    settings = settings_from(args)
+    if len(set(settings.core_sockets)) != len(settings.core_sockets):
+        ap.error("--core-socket: a socket is given twice")
+    if args.affinity_chars < 1 or args.balance_slack < 0 or args.health_interval <= 0:
+        ap.error("--affinity-chars must be >= 1, --balance-slack >= 0, --health-interval > 0")
+    app = create_app(settings)
     gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
     gc.freeze()
     config = uvicorn.Config(

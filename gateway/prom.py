@@ -128,6 +128,16 @@ COUNTERS = {
 }
 
 
+# vLLM's names where ours differ: the same figures exported under both
+ALIAS_GAUGES = {
+    "kv_cache_usage_ratio": ("uma_kv_cache_usage_perc", "KV cache usage (0-1), vLLM's name."),
+}
+ALIAS_HISTOGRAMS = {
+    "inter_token_ms": (
+        "uma_time_per_output_token_seconds",
+        "Time between consecutive tokens (vLLM's time per output token).",
+    ),
+}
 # snapshot token_histograms key -> (metric name, help): counts of tokens, not times
 TOKEN_HISTOGRAMS = {
     "request_prompt_tokens": ("uma_request_prompt_tokens", "Prompt tokens per finished request."),
@@ -166,11 +176,9 @@ def cumulative_buckets(h: dict[str, Any], scale: float = 1e-3) -> list[tuple[str
     return buckets
 
 
-def histogram_family(
-    name: str, doc: str, h: dict[str, Any], scale: float = 1e-3
-) -> HistogramMetricFamily:
+def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricFamily:
     return HistogramMetricFamily(
-        name, doc, buckets=cumulative_buckets(h, scale), sum_value=h.get("sum", 0.0) * scale
+        name, doc, buckets=cumulative_buckets(h), sum_value=h.get("sum", 0.0) / 1000.0
     )
 
 
@@ -181,93 +189,108 @@ def renamed(family: Metric, name: str) -> Metric:
     return copy
 
 
+Snapshots = list[tuple[str, dict[str, Any] | None]]  # (core, its snapshot or None: down)
+
+
 class CoreCollector(Collector):
-    """Families built from the last snapshot handed to ``set_snapshot`` (None: core down).
-    Every core family carries the label ``model_name`` (the loaded model's id), as vLLM's."""
+    """Families built from the last snapshots handed to ``set_snapshots``. Every core series
+    carries ``model_name`` (the served model's id, as vLLM's do); with several cores, also a
+    ``core`` label (its socket path). With ``vllm_names``, the families vLLM also has are
+    exported a second time under ``vllm:<name>``."""
 
     def __init__(self, vllm_names: bool = False) -> None:
-        self._snapshot: dict[str, Any] | None = None
+        self._snapshots: Snapshots = [("", None)]
         self._model = ""
         self.vllm_names = vllm_names
 
     def set_snapshot(self, snapshot: dict[str, Any] | None, model: str = "") -> None:
-        self._snapshot, self._model = snapshot, model
+        self.set_snapshots([("", snapshot)], model)
+
+    def set_snapshots(self, snapshots: Snapshots, model: str = "") -> None:
+        self._snapshots, self._model = snapshots, model
 
     def describe(self) -> list[Metric]:
         return []  # families vary with the snapshot; skip registry-time checks
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot
-        up = GaugeMetricFamily("uma_core_up", "1 when the core answered the metrics request.")
-        up.add_metric([], 1.0 if snap is not None else 0.0)
+        by_core = len(self._snapshots) > 1
+        up = GaugeMetricFamily(
+            "uma_core_up",
+            "1 when the core answered the metrics request.",
+            labels=["core"] if by_core else [],
+        )
+        for core, snap in self._snapshots:
+            up.add_metric([core] if by_core else [], 1.0 if snap is not None else 0.0)
         yield up
-        if snap is None:
-            return
-        for family in self._families(snap):
+        for family in self._families(by_core):
             yield family
             short = family.name.removeprefix("uma_")
             if self.vllm_names and short in VLLM_NAMES:
                 yield renamed(family, f"vllm:{short}")
 
-    def _families(self, snap: dict[str, Any]) -> Iterator[Metric]:
-        model = self._model
-        label = ["model_name"]
+    def _families(self, by_core: bool) -> Iterator[Metric]:
+        base = ["model_name", "core"] if by_core else ["model_name"]
+        live = [
+            ([self._model, core] if by_core else [self._model], s)
+            for core, s in self._snapshots
+            if s is not None
+        ]
+        if not live:
+            return
 
-        def gauge(name: str, doc: str, value: float) -> Metric:
-            family = GaugeMetricFamily(name, doc, labels=label)
-            family.add_metric([model], float(value))
-            return family
+        def family(kind: type, name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return kind(name, doc, labels=[*base, *labels])
 
-        def histogram(name: str, doc: str, h: dict[str, Any], scale: float = 1e-3) -> Metric:
-            family = HistogramMetricFamily(name, doc, labels=label)
-            family.add_metric([model], cumulative_buckets(h, scale), h.get("sum", 0.0) * scale)
-            return family
+        def flat(table: dict[str, tuple[str, str]], kind: type, scale: float = 1.0):
+            for key, (name, doc) in table.items():
+                fam = family(kind, name, doc)
+                for labels, snap in live:
+                    if key in snap:
+                        fam.add_metric(labels, float(snap[key]) * scale)
+                if fam.samples:
+                    yield fam
 
-        for key, (name, doc) in GAUGES.items():
-            if key in snap:
-                yield gauge(name, doc, snap[key])
-        if "kv_cache_usage_ratio" in snap:  # vLLM's name (a share 0-1 too, despite "perc")
-            yield gauge("uma_kv_cache_usage_perc", "KV cache usage (0-1), vLLM's name.",
-                        snap["kv_cache_usage_ratio"])  # fmt: skip
-        for key, (name, doc) in MS_GAUGES.items():
-            if key in snap:
-                yield gauge(name, doc, float(snap[key]) / 1000.0)
-        tick = GaugeMetricFamily(
-            "uma_tick_tokens", "Tokens in the last tick, by phase.", labels=[*label, "phase"]
-        )
-        for phase, n in (snap.get("tokens_per_tick") or {}).items():
-            tick.add_metric([model, phase], float(n))
+        def histograms(group: str, table: dict[str, tuple[str, str]], scale: float = 1e-3):
+            for key, (name, doc) in table.items():
+                fam = family(HistogramMetricFamily, name, doc)
+                for labels, snap in live:
+                    if h := (snap.get(group) or {}).get(key):
+                        fam.add_metric(
+                            labels, cumulative_buckets(h, scale), h.get("sum", 0.0) * scale
+                        )
+                if fam.samples:
+                    yield fam
+
+        yield from flat(GAUGES, GaugeMetricFamily)
+        yield from flat(ALIAS_GAUGES, GaugeMetricFamily)
+        yield from flat(MS_GAUGES, GaugeMetricFamily, 1e-3)
+        tick = family(GaugeMetricFamily, *TICK_TOKENS, labels=("phase",))
+        for labels, snap in live:
+            for phase, n in (snap.get("tokens_per_tick") or {}).items():
+                tick.add_metric([*labels, phase], float(n))
         yield tick
-        for key, (name, doc) in COUNTERS.items():
-            if key in snap:
-                family = CounterMetricFamily(name, doc, labels=label)
-                family.add_metric([model], float(snap[key]))
-                yield family
-        done = CounterMetricFamily(
-            "uma_request_success_total",
-            "Requests finished in the core, by finish reason.",
-            labels=[*label, "finished_reason"],
-        )
-        for reason, n in (snap.get("requests_total") or {}).items():
-            done.add_metric([model, reason], float(n))
+        yield from flat(COUNTERS, CounterMetricFamily)
+        done = family(CounterMetricFamily, *SUCCESS, labels=("finished_reason",))
+        for labels, snap in live:
+            for reason, n in (snap.get("requests_total") or {}).items():
+                done.add_metric([*labels, reason], float(n))
         yield done
-        histograms = snap.get("histograms") or {}
-        for key, (name, doc) in HISTOGRAMS.items():
-            if h := histograms.get(key):
-                yield histogram(name, doc, h)
-        if h := histograms.get("inter_token_ms"):  # vLLM's older name for the same
-            doc = "Time between consecutive tokens (vLLM's time per output token)."
-            yield histogram("uma_time_per_output_token_seconds", doc, h)
-        for key, (name, doc) in TOKEN_HISTOGRAMS.items():
-            if h := (snap.get("token_histograms") or {}).get(key):
-                yield histogram(name, doc, h, scale=1.0)
+        yield from histograms("histograms", HISTOGRAMS)
+        yield from histograms("histograms", ALIAS_HISTOGRAMS)
+        yield from histograms("token_histograms", TOKEN_HISTOGRAMS, 1.0)
         for key, (name, doc) in QOS_HISTOGRAMS.items():
-            by_qos = (snap.get("histograms_by_qos") or {}).get(key) or {}
-            if by_qos:
-                family = HistogramMetricFamily(name, doc, labels=[*label, "qos"])
-                for qos, h in by_qos.items():
-                    family.add_metric([model, qos], cumulative_buckets(h), h.get("sum", 0.0) / 1e3)
-                yield family
+            fam = family(HistogramMetricFamily, name, doc, labels=("qos",))
+            for labels, snap in live:
+                for qos, h in ((snap.get("histograms_by_qos") or {}).get(key) or {}).items():
+                    fam.add_metric(
+                        [*labels, qos], cumulative_buckets(h), h.get("sum", 0.0) / 1000.0
+                    )
+            if fam.samples:
+                yield fam
+
+
+TICK_TOKENS = ("uma_tick_tokens", "Tokens in the last tick, by phase.")
+SUCCESS = ("uma_request_success_total", "Requests finished in the core, by finish reason.")
 
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -302,6 +325,13 @@ class GatewayMetrics:
             "What the gateway adds to a stream's time to first token: request arrival to the "
             "core request sent, plus the first core event to the first body byte handed out.",
             buckets=ADDED_BUCKETS,
+            registry=self.registry,
+        )
+        self.routed = Counter(
+            "uma_gateway_routed_requests",
+            "Core requests sent to each core (several cores), by why that core: affinity, "
+            "balance (the preferred core was busy), round_robin, retry (an earlier core failed).",
+            ["core", "reason"],
             registry=self.registry,
         )
         self.inflight = Gauge(

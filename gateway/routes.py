@@ -25,6 +25,7 @@ from uma_serve.gateway import choices
 from uma_serve.gateway import openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
+from uma_serve.gateway.router import note_session
 from uma_serve.gateway.streaming import (
     ClientGone,
     first_event,
@@ -241,6 +242,7 @@ async def _generate(request: Request, kind: type) -> Response:
     handed_off = False
     try:
         req = schema.decode(body, kind)
+        note_session(req.user)  # the affinity key with several cores (gateway/router.py)
         qos = qos_of(request, req)
         info = await core_info(request)
         model = check_model(req.model, info)
@@ -334,23 +336,29 @@ async def _start_stream(request: Request, job: Job, on_close: Any, stop: Any = N
     return sse_response(job, first, events, on_close, on_first_sent=observe, stop=stop)
 
 
-async def fresh_core_info(request: Request) -> p.InfoEvent:
-    """The core's info asked now, not the cache: the model list answers 503 while the core
-    is down instead of naming a model nobody serves."""
+async def fresh_core_infos(request: Request) -> list[p.InfoEvent]:
+    """The cores' info asked now, not the cache: the model list answers 503 while no core
+    is up instead of naming a model nobody serves."""
     try:
-        return await request.app.state.pool.fresh_info()
+        return await request.app.state.pool.fresh_infos()
     except CoreError as exc:
         raise from_core_error(exc) from None
 
 
+def _distinct_models(infos: list[p.InfoEvent]) -> list[p.InfoEvent]:
+    return list({info.model: info for info in infos}.values())
+
+
 async def list_models(request: Request) -> Response:
-    info = await fresh_core_info(request)
-    return JSONResponse({"object": "list", "data": [_model_card(info, request)]})
+    infos = _distinct_models(await fresh_core_infos(request))
+    return JSONResponse({"object": "list", "data": [_model_card(i, request) for i in infos]})
 
 
 async def get_model(request: Request) -> Response:
-    info = await fresh_core_info(request)
-    check_model(request.path_params["model"], info)
+    infos = _distinct_models(await fresh_core_infos(request))
+    name = request.path_params["model"]
+    info = next((i for i in infos if i.model == name), infos[0])
+    check_model(name, info)
     return JSONResponse(_model_card(info, request))
 
 
@@ -411,35 +419,61 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": content})
 
 
+def _not_ok_reason(status: str) -> str:
+    if status == "draining":
+        return "the core is draining (shutting down)"
+    return "the core's engine has stopped: restart umad"
+
+
 async def health(request: Request) -> Response:
-    """200 when the core answers ``health``; 503 with the reason otherwise."""
-    try:
-        h = await request.app.state.pool.health()
-    except CoreError as exc:
-        return JSONResponse({"status": "unavailable", "reason": exc.message}, status_code=503)
-    body = {
-        "status": h.status,
-        "core": {"active_sessions": h.active_sessions, "waiting_sessions": h.waiting_sessions},
+    """200 when a core answers ``health`` with ok; 503 with the reason otherwise. With
+    several cores, ``core`` sums their queues and ``cores`` gives each one's state."""
+    results = await request.app.state.pool.healths()
+    ok = [h for _, h in results if isinstance(h, p.HealthEvent) and h.status == "ok"]
+    answered = [h for _, h in results if isinstance(h, p.HealthEvent)]
+    body: dict[str, Any] = {
+        "status": "ok" if ok else "unavailable",
+        "core": {
+            "active_sessions": sum(h.active_sessions for h in answered),
+            "waiting_sessions": sum(h.waiting_sessions for h in answered),
+        },
     }
-    if h.status != "ok":
-        body["reason"] = (
-            "the core is draining (shutting down)"
-            if h.status == "draining"
-            else "the core's engine has stopped: restart umad"
-        )
-        return JSONResponse(body, status_code=503)
-    return JSONResponse(body)
+    if len(results) == 1:
+        h = results[0][1]
+        if isinstance(h, CoreError):
+            return JSONResponse({"status": "unavailable", "reason": h.message}, status_code=503)
+        if h.status != "ok":
+            body["status"], body["reason"] = h.status, _not_ok_reason(h.status)
+        return JSONResponse(body, status_code=200 if ok else 503)
+    cores = []
+    for core, h in results:
+        if isinstance(h, CoreError):
+            cores.append({"core": core.name, "status": "unavailable", "reason": h.message})
+            continue
+        one = {
+            "core": core.name,
+            "status": h.status,
+            "active_sessions": h.active_sessions,
+            "waiting_sessions": h.waiting_sessions,
+        }
+        if h.status != "ok":
+            one["reason"] = _not_ok_reason(h.status)
+        cores.append(one)
+    body["cores"] = cores
+    if not ok:
+        body["reason"] = "no core is available"
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 async def metrics(request: Request) -> Response:
-    """Prometheus text; the core's part comes from one snapshot taken now."""
+    """Prometheus text; the cores' part comes from one snapshot of each taken now."""
     state = request.app.state
+    snapshots = await state.pool.snapshots(5.0)
     try:
-        snapshot = await asyncio.wait_for(state.pool.metrics(), 5.0)
         model = (await state.pool.info()).model
-    except (CoreError, TimeoutError):
-        snapshot, model = None, ""
-    # No await between setting the snapshot and rendering: concurrent scrapes cannot mix.
-    state.metrics.core.set_snapshot(snapshot, model)
+    except CoreError:
+        model = ""
+    # No await between setting the snapshots and rendering: concurrent scrapes cannot mix.
+    state.metrics.core.set_snapshots(snapshots, model)
     data = generate_latest(state.metrics.registry)
     return Response(data, media_type=CONTENT_TYPE_LATEST)

@@ -14,6 +14,9 @@ class RuntimeParams:
     n_seq: int = 4
     threads: int = 0  # 0: all cores
     n_gpu_layers: int = 0
+    split_mode: str = "layer"  # a model over several GPUs: none, layer or row (llama.cpp's)
+    tensor_split: tuple[float, ...] = ()  # each GPU's share; () lets llama.cpp decide
+    main_gpu: int = 0
     swa_full: bool = False
     kv_unified: bool = True
     n_seq_cache: int = 0  # extra sequence ids that hold cached prefixes (prefix cache)

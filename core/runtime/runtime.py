@@ -7,6 +7,7 @@ import ctypes
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -57,6 +58,13 @@ _ggml_log_set = ll.llama_cpp._lib.ggml_log_set  # libggml-base's, through liblla
 _ggml_log_set.argtypes, _ggml_log_set.restype = [ll.llama_log_callback, ctypes.c_void_p], None
 
 
+SPLIT_MODES = {
+    "none": ll.LLAMA_SPLIT_MODE_NONE,
+    "layer": ll.LLAMA_SPLIT_MODE_LAYER,
+    "row": ll.LLAMA_SPLIT_MODE_ROW,
+}
+
+
 def gpu_offload(n_gpu_layers: int) -> bool:
     """Whether layers will run on a GPU (a GPU build and layers asked for)."""
     return n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
@@ -74,6 +82,7 @@ class Runtime:
         ll.llama_backend_init()
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = params.n_gpu_layers
+        self._set_split(mparams, params)
         mparams.use_extra_bufts = False  # AMX/repacked weights crash llama_decode on these CPUs
         self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
@@ -271,6 +280,20 @@ class Runtime:
         until the next decode."""
         ptr = ll.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def _set_split(self, mparams: Any, params: RuntimeParams) -> None:
+        """llama.cpp's own split of a model over several GPUs (ignored by a CPU build)."""
+        mparams.split_mode = SPLIT_MODES[params.split_mode]
+        mparams.main_gpu = params.main_gpu
+        if not params.tensor_split:
+            return
+        n = int(ll.llama_max_devices())
+        if len(params.tensor_split) > n:
+            raise ValueError(f"tensor_split gives {len(params.tensor_split)} shares; this build "
+                             f"of llama.cpp takes {n} devices at most")  # fmt: skip
+        # llama.cpp reads the array during the load: it lives as long as the runtime
+        self._tensor_split = (ctypes.c_float * n)(*params.tensor_split)
+        mparams.tensor_split = self._tensor_split
 
     @staticmethod
     def _top_k_chain(k: int) -> ll.llama_sampler_p | None:

@@ -78,3 +78,21 @@ def test_config_doc_lists_every_option() -> None:
 
     doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
     assert cfg.options_table() in doc
+
+
+def test_gpu_split_options(tmp_path) -> None:
+    c = cfg.load([], environ={})
+    assert (c.split_mode, c.tensor_split, c.main_gpu) == ("layer", "", 0)  # llama.cpp's own
+    path = tmp_path / "uma.yaml"
+    path.write_text("split_mode: row\ntensor_split: '3, 1'\n")
+    c = cfg.load(["--config", str(path), "--main-gpu", "1"], environ={})
+    assert (c.split_mode, cfg.tensor_shares(c.tensor_split), c.main_gpu) == ("row", (3.0, 1.0), 1)
+    assert cfg.load([], environ={"UMA_SPLIT_MODE": "none"}).split_mode == "none"
+    for argv, message in (
+        (["--split-mode", "tensors"], "split_mode must be one of none, layer, row"),
+        (["--tensor-split", "3,x"], "comma-separated numbers"),
+        (["--tensor-split", "0,0"], "not all zero"),
+        (["--main-gpu", "-1"], "main_gpu"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            cfg.load(argv, environ={})

@@ -265,7 +265,9 @@ def test_promtool_checks_rules_and_config():
 
 @pytest.fixture
 def no_core_app(tmp_path):
-    settings = Settings(core_socket=str(tmp_path / "none.sock"), api_keys=["k"], max_body_bytes=100)
+    settings = Settings(
+        core_sockets=[str(tmp_path / "none.sock")], api_keys=["k"], max_body_bytes=100
+    )
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         yield client
 
@@ -293,7 +295,7 @@ def test_app_without_core(no_core_app):
 
 def test_cors_preflight_passes_before_auth(tmp_path):
     settings = Settings(
-        core_socket=str(tmp_path / "none.sock"),
+        core_sockets=[str(tmp_path / "none.sock")],
         api_keys=["k"],
         cors_origins=["http://app.example"],
     )
@@ -326,7 +328,7 @@ def test_cli_api_keys_from_flags_or_env(monkeypatch):
     s = settings_from(parser().parse_args([]))
     assert s.api_keys == ["a", "b"]
     s = settings_from(parser().parse_args(["--api-key", "c", "--core-socket", "/y.sock"]))
-    assert s.api_keys == ["c"] and s.core_socket == "/y.sock"
+    assert s.api_keys == ["c"] and s.core_sockets == ["/y.sock"]
     monkeypatch.delenv("UMA_API_KEY")
     assert settings_from(parser().parse_args([])).api_keys == []
 

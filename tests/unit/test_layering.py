@@ -1,4 +1,4 @@
-"""The import directions of DESIGN.md, checked on the source (no import is executed)."""
+"""The import directions of README.md ("Layout"), checked on the source (no import is executed)."""
 
 from __future__ import annotations
 
