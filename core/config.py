@@ -24,7 +24,20 @@ SPLIT_MODES = ("none", "layer", "row")
 LEGACY_KEYS = frozenset(
     {"ipc.backlog", "scheduler.start_target_tokens", "metrics.tick_interval_ms"}
 )
+# options an older release had, now without effect: accepted (flag, environment, YAML) with a
+# warning saying why, so an old unit file or configuration still starts
+REMOVED_OPTIONS: dict[str, tuple[str, str]] = {
+    "overlap": (
+        "scheduler.overlap",
+        "a tick's events are handed over as soon as they are made (the delayed hand-off had no "
+        "measured gain)",
+    ),
+}
+POLICY_TRANSFORMERS = ("qos", "spec", "latency", "bmt")
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
+# --deterministic: tokens per decode at most (ggml's CPU flash attention takes its tiled
+# kernel from 64 query rows up, another kernel with other rounding)
+DETERMINISTIC_BATCH = 63
 
 
 @dataclass(frozen=True)
@@ -49,7 +62,8 @@ class Config:
     drain_timeout: float = 30.0
     tick_budget_ms: float = 50.0
     prefill_burst: int = 256
-    policy: str = "qos,spec,latency,bmt,tuner"
+    policy: str = "qos,spec,latency,bmt"
+    tuner: str = "on"
     slo_tbt_ms: float = 0.0
     slo_ttft_ms: float = 250.0
     headroom: float = 0.2
@@ -61,7 +75,6 @@ class Config:
     bmt_budget: float = 0.0
     reserved_interactive_seqs: int = 1
     sampler: str = "auto"
-    overlap: str = "off"
     compute_nice: int = 5
     prefix_cache_tokens: int = 4096
     prefix_cache_slots: int = 8
@@ -70,6 +83,7 @@ class Config:
     pin_prefix: str = ""
     chat_template: str = ""
     seed: int | None = None
+    deterministic: str = "off"
     log_level: str = "info"
 
 
@@ -128,8 +142,13 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "policy": (
         "plan transformers after the baseline, in order, comma-separated, from qos, spec, "
-        "latency, bmt, tuner ('' = baseline only)",
+        "latency, bmt ('' = baseline only; 'tuner', once listed here, is --tuner now)",
         "scheduler.policy",
+    ),
+    "tuner": (
+        "sweet-spot tuner (on, off): hill-climbs how many background streams the qos lanes "
+        "decode per tick and for how many ticks in a row",
+        "scheduler.tuner",
     ),
     "slo_tbt_ms": (
         "inter-token budget while any stream decodes (0: auto, (1 + headroom) x "
@@ -179,12 +198,6 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "sequences background requests may not take, kept for interactive ones",
         "scheduler.reserved_interactive_seqs",
     ),
-    "overlap": (
-        "hand a tick's events to the I/O thread only once the next tick is launched: on, off, "
-        "auto (on when layers run on a GPU). Off by default: no measured gain, and a tick's "
-        "tokens then wait for the next tick's launch (up to 12 ms on an H100 for a prompt batch)",
-        "scheduler.overlap",
-    ),
     "sampler": (
         "token sampling: numpy (argmax / partial selection on the logits rows, no copy), "
         "llama (llama.cpp's sampler chain per sequence), backend (that chain run inside the "
@@ -224,6 +237,14 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "chat_template",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
+    "deterministic": (
+        "on: a request's output depends only on the request (greedy text, and sampled text "
+        "with a seed, bit-identical whatever ran before): one request at a time, decodes of "
+        f"2..{DETERMINISTIC_BATCH} tokens, the prefix cache's entries kept on the host "
+        '(docs/MEMORY.md, "Reproducible greedy output"); overrides --n-seq, --n-batch, '
+        "--n-ubatch. CPU backend",
+        "deterministic",
+    ),
     "log_level": (
         "debug, info, warning or error (debug: a line per tick, and ggml's messages past "
         "start-up, one per decode on a GPU)",
@@ -266,10 +287,19 @@ def _from_yaml(path: str) -> dict[str, Any]:
         if name is None and key in LEGACY_KEYS:
             log.warning("%s: key %r is from an older design and is ignored", path, key)
             continue
+        removed = next((n for n, (k, _) in REMOVED_OPTIONS.items() if key in (k, n)), None)
+        if removed is not None:
+            _warn_removed(removed, f"{path}: key {key!r}")
+            continue
         if name is None:
             raise ValueError(f"{path}: unknown key {key!r}")
         out[name] = value
     return out
+
+
+def _warn_removed(name: str, where: str) -> None:
+    why = REMOVED_OPTIONS[name][1]
+    log.warning("%s: option %s was removed and is ignored: %s", where, name, why)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -291,6 +321,8 @@ def parser() -> argparse.ArgumentParser:
             default=None,
             help=f"{help_text} [default: {default}; {where}]",
         )
+    for name in REMOVED_OPTIONS:  # accepted, warned about in load
+        ap.add_argument("--" + name.replace("_", "-"), dest=name, help=argparse.SUPPRESS)
     return ap
 
 
@@ -307,13 +339,37 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
             values[name] = env[env_name(name)]
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    for name in REMOVED_OPTIONS:
+        if getattr(args, name) is not None:
+            _warn_removed(name, "--" + name.replace("_", "-"))
+        if env_name(name) in env:
+            _warn_removed(name, env_name(name))
+    for k, v in values.items():  # YAML reads an unquoted on/off as a boolean
+        if isinstance(v, bool) and types[k] is str:
+            values[k] = "on" if v else "off"
     try:
         typed = {k: types[k](v) if v is not None else None for k, v in values.items()}
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid configuration value: {exc}") from None
+    typed.update(_split_policy(typed))
     config = Config(**typed)
     validate(config)
     return config
+
+
+def _split_policy(values: dict[str, Any]) -> dict[str, Any]:
+    """'tuner' in --policy (an older release's spelling) is --tuner on, with a warning."""
+    names = [n.strip() for n in str(values.get("policy", Config.policy)).split(",")]
+    if "tuner" not in names:
+        return {}
+    log.warning("--policy: 'tuner' is no plan transformer; it is read as --tuner on")
+    kept = {"policy": ",".join(n for n in names if n and n != "tuner")}
+    return kept if "tuner" in values else {**kept, "tuner": "on"}
+
+
+def policy_names(c: Config) -> list[str]:
+    """The plan transformers --policy lists, in order."""
+    return [n.strip() for n in c.policy.split(",") if n.strip()]
 
 
 def validate(c: Config) -> None:
@@ -343,8 +399,16 @@ def validate(c: Config) -> None:
             problems.append(f"{name} must not be negative")
     if not 0 <= c.compute_nice <= 19:
         problems.append("compute_nice must be in [0, 19]")
-    if c.overlap not in ("auto", "on", "off"):
-        problems.append("overlap must be auto, on or off")
+    unknown = [n for n in policy_names(c) if n not in POLICY_TRANSFORMERS]
+    if unknown:
+        problems.append(
+            f"policy: unknown transformer(s) {', '.join(unknown)} (known: "
+            f"{', '.join(POLICY_TRANSFORMERS)})"
+        )
+    if c.tuner not in ("on", "off"):
+        problems.append("tuner must be on or off")
+    if c.deterministic not in ("on", "off"):
+        problems.append("deterministic must be on or off")
     if c.spec_draft < -1:
         problems.append("spec_draft must be -1 (auto), 0 (off) or positive")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0 or c.pause_every < 1:

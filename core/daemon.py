@@ -10,17 +10,18 @@ import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 from uma_serve.core import config as cfg
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, builtin_template
 from uma_serve.core.engine import Engine
+from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.faults import Faults
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import Constraints
+from uma_serve.core.policy import Constraints, ModelFacts
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.tuner import SweetSpotTuner
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
 from uma_serve.core.socket_path import SocketPathError, claim_socket_path
@@ -39,46 +40,52 @@ def on_passing_thread(work: Callable[..., T], *args: object) -> T:
         return pool.submit(work, *args).result()
 
 
-def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
+def deterministic(config: cfg.Config) -> cfg.Config:
+    """--deterministic's overrides: one request at a time, every decode within
+    DETERMINISTIC_BATCH tokens (docs/MEMORY.md, "Reproducible greedy output")."""
+    if config.deterministic != "on":
+        return config
+    n = cfg.DETERMINISTIC_BATCH
+    log.info("deterministic: one request at a time, decodes of 2..%d tokens", n)
+    if gpu_offload(config.n_gpu_layers):
+        log.warning("deterministic: checked on the CPU backend only, not with GPU layers")
+    return replace(config, n_seq=1, n_batch=n, n_ubatch=n, reserved_interactive_seqs=0)
+
+
+def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> RuntimeParams:
     prefix_cache = config.prefix_cache_tokens > 0 and config.prefix_cache_slots > 0
-    on_gpu = gpu_offload(config.n_gpu_layers)
-    sampler = config.sampler
-    if sampler == "auto":
-        sampler = "backend-topk" if on_gpu else "numpy"
-    spec_draft = config.spec_draft if config.spec_draft >= 0 else (0 if on_gpu else 6)
-    log.info("token sampling: %s; speculative draft: %d", sampler, spec_draft)
-    faults = Faults.from_env()
-    if faults.any:
-        log.warning("fault injection on (tests only): %s", faults)
-    runtime = Runtime(
-        RuntimeParams(
-            model_path=config.model or cfg.default_model_path(),
-            n_ctx=config.n_ctx,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch,
-            n_seq=config.n_seq,
-            threads=config.threads,
-            n_gpu_layers=config.n_gpu_layers,
-            split_mode=config.split_mode,
-            tensor_split=cfg.tensor_shares(config.tensor_split),
-            main_gpu=config.main_gpu,
-            # reusing a cached prefix needs the SWA layers' KV of every position it covers
-            swa_full=prefix_cache,
-            n_seq_cache=config.prefix_cache_slots if prefix_cache else 0,
-            shadow=prefix_cache,
-            # backend sampling: room for speculative verification's 1 + drafts outputs
-            max_outputs_per_seq=spec_draft + 1 if sampler.startswith("backend") else 0,
-            device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
-        )
+    det = config.deterministic == "on"
+    return RuntimeParams(
+        model_path=config.model or cfg.default_model_path(),
+        n_ctx=config.n_ctx,
+        n_batch=config.n_batch,
+        n_ubatch=config.n_ubatch,
+        n_seq=config.n_seq,
+        threads=config.threads,
+        n_gpu_layers=config.n_gpu_layers,
+        split_mode=config.split_mode,
+        tensor_split=cfg.tensor_shares(config.tensor_split),
+        main_gpu=config.main_gpu,
+        # reusing a cached prefix needs the SWA layers' KV of every position it covers;
+        # deterministic: no cell may be recycled either (its request's cells stay in
+        # position order), and the cache's entries live on the host, not in the context
+        swa_full=prefix_cache or det,
+        n_seq_cache=config.prefix_cache_slots if prefix_cache and not det else 0,
+        shadow=prefix_cache or det,
+        deterministic=det,
+        flash_attn=1 if det else -1,
+        # backend sampling: room for speculative verification's 1 + drafts outputs
+        max_outputs_per_seq=spec_draft + 1 if sampler.startswith("backend") else 0,
+        device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
     )
-    on_passing_thread(runtime.warm_up)
-    names = [n.strip() for n in config.policy.split(",") if n.strip()]
-    facts = runtime.info.facts()
-    guarded = "latency" in names
-    constraints = Constraints(
+
+
+def constraints(config: cfg.Config, facts: ModelFacts, spec_draft: int) -> Constraints:
+    names = cfg.policy_names(config)
+    return Constraints(
         n_batch=config.n_batch,
         # with the latency guard on, it owns every time budget; the baseline only shares tokens
-        tick_budget_ms=math.inf if guarded else config.tick_budget_ms,
+        tick_budget_ms=math.inf if "latency" in names else config.tick_budget_ms,
         prefill_burst=config.prefill_burst,
         slo_tbt_ms=config.slo_tbt_ms or None,
         slo_ttft_ms=config.slo_ttft_ms or None,
@@ -93,23 +100,41 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         spec_max_draft=spec_draft if "spec" in names else 0,
         spec_max_streams=config.spec_max_streams,
     )
+
+
+def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
+    config = deterministic(config)
+    on_gpu = gpu_offload(config.n_gpu_layers)
+    sampler = config.sampler
+    if sampler == "auto":
+        sampler = "backend-topk" if on_gpu else "numpy"
+    spec_draft = config.spec_draft if config.spec_draft >= 0 else (0 if on_gpu else 6)
+    log.info("token sampling: %s; speculative draft: %d", sampler, spec_draft)
+    faults = Faults.from_env()
+    if faults.any:
+        log.warning("fault injection on (tests only): %s", faults)
+    runtime = Runtime(runtime_params(config, sampler, spec_draft))
+    on_passing_thread(runtime.warm_up)
+    names = cfg.policy_names(config)
+    facts = runtime.info.facts()
     tuner = None
-    if "tuner" in names:
-        names.remove("tuner")
+    if config.tuner == "on":
         tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
     holder: dict[str, CoreServer] = {}
     engine = Engine(
         runtime,
         build_policy(names),
-        constraints,
+        constraints(config, facts, spec_draft),
         sink=lambda batch: holder["server"].sink(batch),
         metrics=EngineMetrics(),
         seed=config.seed,
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
         sampler=sampler,
-        overlap=config.overlap == "on" or (config.overlap == "auto" and on_gpu),
-        prefix_cache_tokens=config.prefix_cache_tokens if prefix_cache else 0,
+        prefix_cache_tokens=config.prefix_cache_tokens
+        if runtime.params.n_seq_cache or runtime.params.deterministic
+        else 0,
+        prefix_cache_slots=config.prefix_cache_slots,
         compute_nice=config.compute_nice,
         fail_decode=faults.decode_fail,
     )

@@ -1,5 +1,6 @@
 """Engine metrics: counters, gauges and fixed-bucket histograms.
 
+What they mean, and how they are exported, is declared once: protocol.MetricsSnapshot.
 Written only by the engine thread; read by the I/O thread for the ``metrics`` request without
 a lock (plain attribute reads under the GIL), so answering never blocks the engine. A snapshot
 may be one tick stale, never torn inside one number.
@@ -11,15 +12,14 @@ import time
 from bisect import bisect_left
 from typing import Any
 
+import msgspec
+
+from uma_serve.core import protocol as p
+
 # Upper bounds in milliseconds (+Inf implied), shaped for interactive serving.
 LATENCY_BUCKETS_MS = (
     5, 10, 15, 20, 30, 40, 50, 75, 100, 150, 200, 300, 500, 750,
     1000, 1500, 2000, 3000, 5000, 10000, 20000, 60000,
-)  # fmt: skip
-
-# Upper bounds in tokens for per-request token counts (vLLM's 1-2-5 series)
-TOKEN_BUCKETS = (
-    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
 )  # fmt: skip
 
 END_REASONS = ("stop", "length", "cancelled", "error")
@@ -38,13 +38,8 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "bounds": list(self.bounds),
-            "counts": list(self.counts),
-            "sum": self.sum,
-            "count": self.count,
-        }
+    def snapshot(self) -> p.Histogram:
+        return p.Histogram(list(self.bounds), list(self.counts), self.sum, self.count)
 
 
 class EngineMetrics:
@@ -79,7 +74,6 @@ class EngineMetrics:
         self.bg_burst = 1
         self.prefix_cache_queries_total = 0
         self.prefix_cache_hits_total = 0
-        self.prompt_tokens_reused_total = 0  # tokens taken from a recent prompt's tokenization
         self.prefix_cache_cached_tokens_total = 0
         self.prefix_cache_resident_tokens = 0
         self.prefix_cache_entries = 0
@@ -92,8 +86,6 @@ class EngineMetrics:
         self.inter_token_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
         self.e2e_ms = Histogram()
         self.queue_ms = Histogram()
-        self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)  # per finished request
-        self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
         self.decode_ms_last = ms
@@ -115,63 +107,59 @@ class EngineMetrics:
         self.inter_token_ms.observe(ms)
         self.inter_token_ms_by_qos[qos].observe(ms)
 
-    def snapshot(self) -> dict[str, Any]:
-        total = self.kv_cells_total
-        return {
-            "uptime_s": time.time() - self.started,
-            "decode_ms_last": self.decode_ms_last,
-            "decode_ms_ewma": self.decode_ms_ewma,
-            "tokens_per_tick": {
-                "decode": self.tokens_per_tick_decode,
-                "prefill": self.tokens_per_tick_prefill,
-            },
-            "batch_size_last": self.batch_size_last,
-            "served_decoders": self.served_decoders,
-            "parked_sessions": self.parked_sessions,
-            "active_sessions": self.active_sessions,
-            "waiting_sessions": self.waiting_sessions,
-            "kv_cells_used": self.kv_cells_used,
-            "kv_cells_total": total,
-            "kv_cache_usage_ratio": self.kv_cells_used / total if total else 0.0,
-            "tokens_generated_total": self.tokens_generated_total,
-            "prompt_tokens_total": self.prompt_tokens_total,
-            "batch_calls_total": self.batch_calls_total,
-            "decode_failures_total": self.decode_failures_total,
-            "requests_total": dict(self.requests_total),
-            "prefill_guard_active": self.prefill_guard_active,
-            "ticks_over_budget_total": self.ticks_over_budget_total,
-            "ticks_aborted_total": self.ticks_aborted_total,
-            "ticks_paused_total": self.ticks_paused_total,
-            "tick_ms_predicted_last": self.tick_ms_predicted_last,
-            "tick_overhead_ms_ewma": self.tick_overhead_ms_ewma,
-            "tick_budget_ms_last": self.tick_budget_ms_last,
-            "bmt_estimate_last": self.bmt_estimate_last,
-            "bmt_budget": self.bmt_budget,
-            "tuner": {"bg_decoders_cap": self.bg_decoders_cap, "bg_burst": self.bg_burst},
-            "prefix_cache_queries_total": self.prefix_cache_queries_total,
-            "prefix_cache_hits_total": self.prefix_cache_hits_total,
-            "prompt_tokens_reused_total": self.prompt_tokens_reused_total,
-            "prefix_cache_cached_tokens_total": self.prefix_cache_cached_tokens_total,
-            "prefix_cache_resident_tokens": self.prefix_cache_resident_tokens,
-            "prefix_cache_entries": self.prefix_cache_entries,
-            "prefix_cache_evictions_total": self.prefix_cache_evictions_total,
-            "spec_drafted_tokens_total": self.spec_drafted_tokens_total,
-            "spec_accepted_tokens_total": self.spec_accepted_tokens_total,
-            "spec_acceptance_rate": self.spec_accepted_tokens_total / self.spec_drafted_tokens_total
-            if self.spec_drafted_tokens_total
-            else 0.0,
-            "histograms": {
-                "ttft_ms": self.ttft_ms.snapshot(),
-                "inter_token_ms": self.inter_token_ms.snapshot(),
-                "e2e_ms": self.e2e_ms.snapshot(),
-                "queue_ms": self.queue_ms.snapshot(),
-            },
-            "token_histograms": {
-                "request_prompt_tokens": self.request_prompt_tokens.snapshot(),
-                "request_generation_tokens": self.request_generation_tokens.snapshot(),
-            },
-            "histograms_by_qos": {
-                "ttft_ms": {q: h.snapshot() for q, h in self.ttft_ms_by_qos.items()},
-                "inter_token_ms": {q: h.snapshot() for q, h in self.inter_token_ms_by_qos.items()},
-            },
-        }
+    def snapshot(self, prompt_tokens_reused_total: int = 0) -> dict[str, Any]:
+        """The ``metrics`` answer: protocol.MetricsSnapshot as a JSON-ready dict. Its plain
+        fields are read from the attributes of the same name; the tokenizer's reuse count is
+        the I/O thread's (it tokenizes)."""
+        plain = {name: getattr(self, name) for name in p.MetricsSnapshot.__struct_fields__
+                 if name not in COMPOSED}  # fmt: skip
+        total, drafted = self.kv_cells_total, self.spec_drafted_tokens_total
+        snap = p.MetricsSnapshot(
+            **plain,
+            uptime_s=time.time() - self.started,
+            kv_cache_usage_ratio=self.kv_cells_used / total if total else 0.0,
+            spec_acceptance_rate=self.spec_accepted_tokens_total / drafted if drafted else 0.0,
+            prompt_tokens_reused_total=prompt_tokens_reused_total,
+            tokens_per_tick=p.TickTokens(self.tokens_per_tick_decode, self.tokens_per_tick_prefill),
+            requests_total=p.RequestsByReason(**self.requests_total),
+            tuner=p.TunerState(self.bg_decoders_cap, self.bg_burst),
+            histograms=p.Histograms(
+                self.ttft_ms.snapshot(),
+                self.inter_token_ms.snapshot(),
+                self.e2e_ms.snapshot(),
+                self.queue_ms.snapshot(),
+            ),
+            histograms_by_qos=p.QosHistograms(
+                {q: h.snapshot() for q, h in self.ttft_ms_by_qos.items()},
+                {q: h.snapshot() for q, h in self.inter_token_ms_by_qos.items()},
+            ),
+        )
+        return msgspec.to_builtins(snap)
+
+
+# snapshot fields computed or composed by EngineMetrics.snapshot (the rest are attributes)
+COMPOSED = frozenset(
+    {"uptime_s", "kv_cache_usage_ratio", "spec_acceptance_rate", "prompt_tokens_reused_total",
+     "tokens_per_tick", "requests_total", "tuner", "histograms", "histograms_by_qos"}
+)  # fmt: skip
+
+
+def metrics_table() -> str:
+    """docs/METRICS.md's table of the snapshot, from protocol.MetricsSnapshot (a test keeps
+    the two identical)."""
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    for path, t, meta in p.metric_fields():
+        rows.append(f"| `{path}` | {_type_text(path, t, meta)} | {meta.description} |")
+    return "\n".join(rows)
+
+
+def _type_text(path: str, t: Any, meta: msgspec.Meta) -> str:
+    if t is p.Histogram:
+        return "histogram"
+    if t is int and p.prom_kind(path, meta) == "counter":
+        return "counter"
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+        return "`{" + ", ".join(t.__struct_fields__) + "}`"
+    if str(t).startswith("dict"):
+        return "`{" + ", ".join(QOS_CLASSES) + "}` x histogram"
+    return getattr(t, "__name__", str(t))

@@ -14,6 +14,34 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from uma_serve.core.metrics_schema import (  # the metrics answer's schema, re-exported
+    Histogram as Histogram,
+)
+from uma_serve.core.metrics_schema import (
+    Histograms as Histograms,
+)
+from uma_serve.core.metrics_schema import (
+    MetricsSnapshot as MetricsSnapshot,
+)
+from uma_serve.core.metrics_schema import (
+    QosHistograms as QosHistograms,
+)
+from uma_serve.core.metrics_schema import (
+    RequestsByReason as RequestsByReason,
+)
+from uma_serve.core.metrics_schema import (
+    TickTokens as TickTokens,
+)
+from uma_serve.core.metrics_schema import (
+    TunerState as TunerState,
+)
+from uma_serve.core.metrics_schema import (
+    metric_fields as metric_fields,
+)
+from uma_serve.core.metrics_schema import (
+    prom_kind as prom_kind,
+)
+
 DEFAULT_MAX_FRAME = 1 << 20
 HEADER = struct.Struct("<I")
 

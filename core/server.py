@@ -210,7 +210,8 @@ class CoreServer:
                 if rid in conn.inflight:
                     self.engine.cancel((conn.id, rid))
             case p.MetricsRequest(id=rid):
-                conn.send(p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot()))
+                reused = self.tokenizer.reused_tokens_total  # the I/O thread's own figure
+                conn.send(p.MetricsEvent(id=rid, metrics=self.engine.metrics.snapshot(reused)))
             case p.HealthRequest(id=rid):
                 m = self.engine.metrics
                 status = "draining" if self.draining else "ok" if self.engine.alive else "error"
@@ -260,7 +261,6 @@ class CoreServer:
             tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
         else:
             tokens = self.tokenizer.tokenize(req.prompt or "")
-            self.engine.metrics.prompt_tokens_reused_total = self.tokenizer.reused_tokens_total
         if not tokens:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq

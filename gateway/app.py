@@ -44,7 +44,6 @@ class Settings:
     shutdown_grace: float = 5.0
     pool_size: int = 4
     default_max_tokens: int = 512  # a chat request's max_tokens when it sets none
-    vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
     routing: Routing = "affinity"
     affinity_chars: int = 512
     balance_slack: int = 4
@@ -65,7 +64,7 @@ KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
 
 
 def create_app(settings: Settings) -> Starlette:
-    metrics = GatewayMetrics(settings.vllm_metric_names)
+    metrics = GatewayMetrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -121,12 +121,6 @@ def parser() -> argparse.ArgumentParser:
         default=512,
         help="a chat request's max_tokens when it sets none (capped at the core's --max-tokens)",
     )
-    ap.add_argument(
-        "--vllm-metric-names",
-        action="store_true",
-        help="/metrics also exports vLLM's families under their own 'vllm:' names (for "
-        "dashboards made for vLLM; promtool's lint flags the colon)",
-    )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
     ap.add_argument(
@@ -151,7 +145,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         shutdown_grace=args.shutdown_grace,
         pool_size=args.pool_size,
         default_max_tokens=args.default_max_tokens,
-        vllm_metric_names=args.vllm_metric_names,
         routing=args.routing,
         affinity_chars=args.affinity_chars,
         balance_slack=args.balance_slack,

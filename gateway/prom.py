@@ -28,150 +28,38 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from uma_serve.core import protocol as p
+
 # The *_created series only add noise for a long-running gateway's counters.
 disable_created_metrics()
 
-# snapshot histogram key -> (metric name, help)
-HISTOGRAMS = {
-    "ttft_ms": ("uma_time_to_first_token_seconds", "Time from arrival to the first token."),
-    "inter_token_ms": ("uma_inter_token_latency_seconds", "Time between consecutive tokens."),
-    "e2e_ms": ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a request."),
-    "queue_ms": ("uma_request_queue_time_seconds", "Time a request waited before its prefill."),
-}
-# snapshot key -> (gauge name, help)
-GAUGES = {
-    "active_sessions": ("uma_num_requests_running", "Requests holding a sequence in the core."),
-    "waiting_sessions": ("uma_num_requests_waiting", "Requests queued for a sequence."),
-    "parked_sessions": ("uma_num_requests_parked", "Decoders the policy skipped last tick."),
-    "served_decoders": ("uma_served_decoders", "Sequences decoded in the last tick."),
-    "prefill_guard_active": (
-        "uma_prefill_guard_active",
-        "1 when a guard held back work in the last tick (or hysteresis holds prefill).",
-    ),
-    "bmt_estimate_last": ("uma_bmt_estimate_bytes", "Estimated bytes the last tick moved."),
-    "bmt_budget": ("uma_bmt_budget_bytes_per_second", "ΣBMT guard budget (0: off)."),
-    "batch_size_last": ("uma_batch_size_last", "Tokens in the last tick's batch."),
-    "kv_cache_usage_ratio": ("uma_kv_cache_usage_ratio", "Used share of the KV cache (0-1)."),
-    "kv_cells_used": ("uma_kv_cells_used", "KV cache cells in use."),
-    "kv_cells_total": ("uma_kv_cells_capacity", "KV cache cells in total."),
-    "uptime_s": ("uma_core_uptime_seconds", "Seconds since the core started."),
-    "prefix_cache_resident_tokens": (
-        "uma_prefix_cache_resident_tokens",
-        "KV cells held by the prefix cache (cells shared between entries counted once).",
-    ),
-    "prefix_cache_entries": ("uma_prefix_cache_entries", "Cached prefixes resident."),
-    "spec_acceptance_rate": (
-        "uma_spec_acceptance_rate",
-        "Accepted / drafted tokens of speculative decoding since start.",
-    ),
-}
-# snapshot key (milliseconds) -> (gauge name in seconds, help)
-MS_GAUGES = {
-    "decode_ms_ewma": ("uma_decode_ewma_seconds", "EWMA of llama_decode time per tick."),
-    "decode_ms_last": ("uma_decode_last_seconds", "llama_decode time of the last tick."),
-    "tick_ms_predicted_last": (
-        "uma_tick_predicted_seconds",
-        "The tick-time model's prediction for the last tick.",
-    ),
-    "tick_budget_ms_last": ("uma_tick_budget_seconds", "The time budget of the last tick."),
-    "tick_overhead_ms_ewma": (
-        "uma_tick_overhead_ewma_seconds",
-        "Engine time per tick outside llama_decode, smoothed.",
-    ),
-}
-# snapshot key -> (counter name, help)
-COUNTERS = {
-    "prompt_tokens_total": ("uma_prompt_tokens_total", "Prompt tokens prefilled."),
-    "tokens_generated_total": ("uma_generation_tokens_total", "Tokens generated."),
-    "batch_calls_total": ("uma_batch_calls_total", "llama_decode calls (ticks)."),
-    "decode_failures_total": ("uma_decode_failures_total", "llama_decode calls that failed."),
-    "ticks_over_budget_total": (
-        "uma_ticks_over_budget_total",
-        "Ticks whose decode time passed the budget the guard planned for.",
-    ),
-    "ticks_aborted_total": (
-        "uma_ticks_aborted_total",
-        "Background ticks stopped mid-decode because an interactive request arrived.",
-    ),
-    "ticks_paused_total": (
-        "uma_ticks_paused_total",
-        "Whole-batch background ticks among interactive ones (stepped tick cost: a GPU).",
-    ),
-    "prefix_cache_queries_total": (
-        "uma_prefix_cache_queries_total",
-        "Admitted requests looked up in the prefix cache.",
-    ),
-    "prefix_cache_hits_total": (
-        "uma_prefix_cache_hits_total",
-        "Admitted requests that reused a cached prefix.",
-    ),
-    "prefix_cache_cached_tokens_total": (
-        "uma_prefix_cache_cached_tokens_total",
-        "Prompt tokens whose KV came from the prefix cache instead of prefill.",
-    ),
-    "prompt_tokens_reused_total": (
-        "uma_prompt_tokens_reused_total",
-        "Prompt tokens taken from a recent prompt's tokenization (not tokenized again).",
-    ),
-    "prefix_cache_evictions_total": (
-        "uma_prefix_cache_evictions_total",
-        "Times the whole prefix cache was dropped because running sequences needed the KV.",
-    ),
-    "spec_drafted_tokens_total": (
-        "uma_spec_drafted_tokens_total",
-        "Prompt-lookup draft tokens verified by speculative decoding.",
-    ),
-    "spec_accepted_tokens_total": (
-        "uma_spec_accepted_tokens_total",
-        "Draft tokens accepted (identical to what the model sampled).",
-    ),
-}
+
+def _families(kind: str, under: str = "") -> dict[str, tuple[str, str]]:
+    """snapshot key -> (metric name, help) of one kind, from protocol.MetricsSnapshot (the one
+    declaration of the core's figures; docs/METRICS.md is generated from it too)."""
+    out: dict[str, tuple[str, str]] = {}
+    for path, _, meta in p.metric_fields():
+        extra = meta.extra or {}
+        parent, _, key = path.rpartition(".")
+        if extra.get("prom") and parent == under and p.prom_kind(path, meta) == kind:
+            out[key] = (extra["prom"], extra["prom_help"])
+    return out
 
 
-# vLLM's names where ours differ: the same figures exported under both
-ALIAS_GAUGES = {
-    "kv_cache_usage_ratio": ("uma_kv_cache_usage_perc", "KV cache usage (0-1), vLLM's name."),
-}
-ALIAS_HISTOGRAMS = {
-    "inter_token_ms": (
-        "uma_time_per_output_token_seconds",
-        "Time between consecutive tokens (vLLM's time per output token).",
-    ),
-}
-# snapshot token_histograms key -> (metric name, help): counts of tokens, not times
-TOKEN_HISTOGRAMS = {
-    "request_prompt_tokens": ("uma_request_prompt_tokens", "Prompt tokens per finished request."),
-    "request_generation_tokens": (
-        "uma_request_generation_tokens",
-        "Generated tokens per finished request.",
-    ),
-}
-
-# our families that vLLM also exports, under the same name after its prefix: with
-# --vllm-metric-names they are exported a second time as ``vllm:<name>``
-VLLM_NAMES = frozenset({
-    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-    "time_to_first_token_seconds", "time_per_output_token_seconds",
-    "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-    "request_prompt_tokens", "request_generation_tokens", "prompt_tokens", "generation_tokens",
-    "request_success",
-})  # fmt: skip
-
-QOS_HISTOGRAMS = {
-    "ttft_ms": ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class."),
-    "inter_token_ms": ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class."),
-}
+HISTOGRAMS = _families("histogram", "histograms")
+GAUGES = _families("gauge")
+COUNTERS = _families("counter")
+QOS_HISTOGRAMS = _families("histogram", "histograms_by_qos")
 
 
-def cumulative_buckets(h: dict[str, Any], scale: float = 1e-3) -> list[tuple[str, float]]:
-    """Core histogram (per-bucket counts) -> cumulative ``le`` buckets, bounds times
-    ``scale`` (milliseconds to seconds by default)."""
+def cumulative_buckets(h: dict[str, Any]) -> list[tuple[str, float]]:
+    """Core histogram (ms bounds, per-bucket counts) -> cumulative ``le`` buckets in seconds."""
     buckets: list[tuple[str, float]] = []
     running = 0
     counts = h.get("counts", [])
     for bound, n in zip(h.get("bounds", []), counts, strict=False):
         running += n
-        buckets.append((repr(bound * scale if scale != 1.0 else float(bound)), running))
+        buckets.append((repr(bound / 1000.0), running))
     buckets.append(("+Inf", h.get("count", sum(counts))))
     return buckets
 
@@ -182,88 +70,52 @@ def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricF
     )
 
 
-def renamed(family: Metric, name: str) -> Metric:
-    """A copy of ``family`` under another name (its samples' names follow)."""
-    copy = Metric(name, family.documentation, family.type)
-    copy.samples = [x._replace(name=name + x.name[len(family.name) :]) for x in family.samples]
-    return copy
-
-
 Snapshots = list[tuple[str, dict[str, Any] | None]]  # (core, its snapshot or None: down)
 
 
 class CoreCollector(Collector):
-    """Families built from the last snapshots handed to ``set_snapshots``. Every core series
-    carries ``model_name`` (the served model's id, as vLLM's do); with several cores, also a
-    ``core`` label (its socket path). With ``vllm_names``, the families vLLM also has are
-    exported a second time under ``vllm:<name>``."""
+    """Families built from the last snapshots handed to ``set_snapshots``. One core: the
+    series carry no ``core`` label; several: every series carries one (its socket path)."""
 
-    def __init__(self, vllm_names: bool = False) -> None:
+    def __init__(self) -> None:
         self._snapshots: Snapshots = [("", None)]
-        self._model = ""
-        self.vllm_names = vllm_names
 
-    def set_snapshot(self, snapshot: dict[str, Any] | None, model: str = "") -> None:
-        self.set_snapshots([("", snapshot)], model)
+    def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
+        self._snapshots = [("", snapshot)]
 
-    def set_snapshots(self, snapshots: Snapshots, model: str = "") -> None:
-        self._snapshots, self._model = snapshots, model
+    def set_snapshots(self, snapshots: Snapshots) -> None:
+        self._snapshots = snapshots
 
     def describe(self) -> list[Metric]:
         return []  # families vary with the snapshot; skip registry-time checks
 
     def collect(self) -> Iterator[Metric]:
         by_core = len(self._snapshots) > 1
-        up = GaugeMetricFamily(
-            "uma_core_up",
-            "1 when the core answered the metrics request.",
-            labels=["core"] if by_core else [],
-        )
-        for core, snap in self._snapshots:
-            up.add_metric([core] if by_core else [], 1.0 if snap is not None else 0.0)
-        yield up
-        for family in self._families(by_core):
-            yield family
-            short = family.name.removeprefix("uma_")
-            if self.vllm_names and short in VLLM_NAMES:
-                yield renamed(family, f"vllm:{short}")
-
-    def _families(self, by_core: bool) -> Iterator[Metric]:
-        base = ["model_name", "core"] if by_core else ["model_name"]
-        live = [
-            ([self._model, core] if by_core else [self._model], s)
-            for core, s in self._snapshots
-            if s is not None
-        ]
-        if not live:
-            return
+        base = ["core"] if by_core else []
+        live = [(([core] if by_core else []), s) for core, s in self._snapshots if s is not None]
 
         def family(kind: type, name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return kind(name, doc, labels=[*base, *labels])
 
-        def flat(table: dict[str, tuple[str, str]], kind: type, scale: float = 1.0):
+        up = family(
+            GaugeMetricFamily, "uma_core_up", "1 when the core answered the metrics request."
+        )
+        for core, snap in self._snapshots:
+            up.add_metric([core] if by_core else [], 1.0 if snap is not None else 0.0)
+        yield up
+        if not live:
+            return
+
+        def flat(table: dict[str, tuple[str, str]], kind: type) -> Iterator[Metric]:
             for key, (name, doc) in table.items():
                 fam = family(kind, name, doc)
                 for labels, snap in live:
                     if key in snap:
-                        fam.add_metric(labels, float(snap[key]) * scale)
-                if fam.samples:
-                    yield fam
-
-        def histograms(group: str, table: dict[str, tuple[str, str]], scale: float = 1e-3):
-            for key, (name, doc) in table.items():
-                fam = family(HistogramMetricFamily, name, doc)
-                for labels, snap in live:
-                    if h := (snap.get(group) or {}).get(key):
-                        fam.add_metric(
-                            labels, cumulative_buckets(h, scale), h.get("sum", 0.0) * scale
-                        )
+                        fam.add_metric(labels, float(snap[key]))
                 if fam.samples:
                     yield fam
 
         yield from flat(GAUGES, GaugeMetricFamily)
-        yield from flat(ALIAS_GAUGES, GaugeMetricFamily)
-        yield from flat(MS_GAUGES, GaugeMetricFamily, 1e-3)
         tick = family(GaugeMetricFamily, *TICK_TOKENS, labels=("phase",))
         for labels, snap in live:
             for phase, n in (snap.get("tokens_per_tick") or {}).items():
@@ -275,9 +127,13 @@ class CoreCollector(Collector):
             for reason, n in (snap.get("requests_total") or {}).items():
                 done.add_metric([*labels, reason], float(n))
         yield done
-        yield from histograms("histograms", HISTOGRAMS)
-        yield from histograms("histograms", ALIAS_HISTOGRAMS)
-        yield from histograms("token_histograms", TOKEN_HISTOGRAMS, 1.0)
+        for key, (name, doc) in HISTOGRAMS.items():
+            fam = family(HistogramMetricFamily, name, doc)
+            for labels, snap in live:
+                if h := (snap.get("histograms") or {}).get(key):
+                    fam.add_metric(labels, cumulative_buckets(h), h.get("sum", 0.0) / 1000.0)
+            if fam.samples:
+                yield fam
         for key, (name, doc) in QOS_HISTOGRAMS.items():
             fam = family(HistogramMetricFamily, name, doc, labels=("qos",))
             for labels, snap in live:
@@ -303,9 +159,9 @@ ADDED_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 class GatewayMetrics:
     """The gateway's registry: the core collector plus its own HTTP counters."""
 
-    def __init__(self, vllm_names: bool = False) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.core = CoreCollector(vllm_names)
+        self.core = CoreCollector()
         self.registry.register(self.core)
         self.http_requests = Counter(
             "uma_http_requests",

@@ -469,11 +469,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus text; the cores' part comes from one snapshot of each taken now."""
     state = request.app.state
     snapshots = await state.pool.snapshots(5.0)
-    try:
-        model = (await state.pool.info()).model
-    except CoreError:
-        model = ""
     # No await between setting the snapshots and rendering: concurrent scrapes cannot mix.
-    state.metrics.core.set_snapshots(snapshots, model)
+    state.metrics.core.set_snapshots(snapshots)
     data = generate_latest(state.metrics.registry)
     return Response(data, media_type=CONTENT_TYPE_LATEST)

@@ -4,27 +4,24 @@ Nothing here imports llama_cpp, asyncio or sockets; the engine executes whatever
 """
 
 from uma_serve.core.policy.baseline import BaselinePolicy
-from uma_serve.core.policy.state import (
+from uma_serve.core.policy.plan import (
     BatchItem,
     Constraints,
-    EngineStats,
-    IBatchPolicy,
     ModelFacts,
     Phase,
     Plan,
-    PlanTransformer,
-    SchedulerState,
     SessionView,
     plan_shape,
     views_by_seq,
 )
+from uma_serve.core.policy.state import EngineStats, PlanTransformer, Policy, SchedulerState
 
 __all__ = [
     "BaselinePolicy",
     "BatchItem",
     "Constraints",
     "EngineStats",
-    "IBatchPolicy",
+    "Policy",
     "ModelFacts",
     "PlanTransformer",
     "Phase",

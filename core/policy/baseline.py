@@ -1,33 +1,28 @@
 """BaselinePolicy: decode first, then TTFT-first budgeted prefill with a per-session burst.
 
-The prefill budget adapts to the tick time budget through the engine's measured tick costs.
+The prefill budget adapts to the tick time budget through the tick-time model.
 """
 
 from __future__ import annotations
 
 import math
 
-from uma_serve.core.policy.state import (
-    BatchItem,
-    Constraints,
-    Phase,
-    Plan,
-    SchedulerState,
-    SessionView,
-)
+from uma_serve.core.policy.plan import BatchItem, Constraints, Phase, Plan, SessionView
+from uma_serve.core.policy.state import SchedulerState
 
 
 def prefill_budget(state: SchedulerState, c: Constraints, n_decode: int) -> int:
     """Prefill tokens this tick may carry.
 
-    With sessions decoding, what fits the tick time budget after their decode at the measured
-    cost per prefill token (never less than a small chunk, so prompts always progress). With
-    none decoding nobody waits on a token: the whole batch.
+    With sessions decoding, what the tick-time model says fits the tick time budget after their
+    decode (never less than a small chunk, so prompts always progress; nothing is held back
+    before the model has seen a tick). With none decoding nobody waits on a token: the whole
+    batch.
     """
-    stats = state.stats
+    cost = state.stats.cost
     room = c.n_batch - n_decode
-    if n_decode and stats.prefill_ms_per_token_ewma > 0 and math.isfinite(c.tick_budget_ms):
-        fits = int((c.tick_budget_ms - stats.base_tick_ms_ewma) / stats.prefill_ms_per_token_ewma)
+    if n_decode and cost.samples > 0 and math.isfinite(c.tick_budget_ms):
+        fits = cost.prefill_that_fits(n_decode, 0.0, c.tick_budget_ms)
         room = min(room, max(fits, c.min_prefill_tokens))
     if c.max_prefill_tokens is not None:
         room = min(room, c.max_prefill_tokens)

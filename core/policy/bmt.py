@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from uma_serve.core.policy.state import (
+from uma_serve.core.policy.plan import (
     BatchItem,
     Constraints,
     ModelFacts,
     Phase,
     Plan,
-    SchedulerState,
     SessionView,
     views_by_seq,
 )
+from uma_serve.core.policy.state import SchedulerState
 from uma_serve.core.policy.work import INTERACTIVE
 
 MOE_EXPERT_SHARE = 0.9  # fraction of a MoE model's weights that sit in its experts (estimate)
@@ -71,6 +71,5 @@ class BmtGuard:
             plan,
             items=tuple(items),
             parked=plan.parked + tuple(parked),
-            bmt_estimate=tick_bytes(tuple(items), views, c.model),
             guard_active=plan.guard_active or len(items) < len(plan.items),
         )

@@ -6,16 +6,11 @@ from collections.abc import Sequence
 
 from uma_serve.core.policy.baseline import BaselinePolicy
 from uma_serve.core.policy.bmt import BmtGuard
+from uma_serve.core.policy.lanes import QosLanes
 from uma_serve.core.policy.latency_guard import LatencyGuard
-from uma_serve.core.policy.qos import QosLanes
+from uma_serve.core.policy.plan import Constraints, Plan
 from uma_serve.core.policy.spec import SpeculativeDecode
-from uma_serve.core.policy.state import (
-    Constraints,
-    IBatchPolicy,
-    Plan,
-    PlanTransformer,
-    SchedulerState,
-)
+from uma_serve.core.policy.state import PlanTransformer, Policy, SchedulerState
 
 TRANSFORMERS: dict[str, type] = {
     "qos": QosLanes,
@@ -26,7 +21,7 @@ TRANSFORMERS: dict[str, type] = {
 
 
 class PolicyPipeline:
-    def __init__(self, base: IBatchPolicy, transformers: Sequence[PlanTransformer]) -> None:
+    def __init__(self, base: Policy, transformers: Sequence[PlanTransformer]) -> None:
         self.base = base
         self.transformers = list(transformers)
 

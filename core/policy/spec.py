@@ -1,70 +1,28 @@
 """Speculative decoding by prompt lookup: drafts from the session's own tokens, no draft model.
 
-``NgramIndex`` (kept per session by the engine) remembers, for each n-gram of the session's
-prompt + output (n = ``NGRAM_MAX`` down to ``NGRAM_MIN``), where it last ended. After each
-token it finds the most recent *earlier* occurrence of the longest suffix n-gram and proposes
-the tokens that followed it. The engine shows that proposal in the SessionView (``draft``).
+The engine drafts from each session's n-gram index (core/spec/) and shows the proposal in
+the SessionView (``draft``).
 
 ``SpeculativeDecode`` (the Plan transformer) decides whether and how much of it to verify:
 only while at most ``spec_max_streams`` streams decode, and as many tokens as the session's
 acceptance EWMA earns against what they cost every stream of the tick. A session whose
 drafts are mostly rejected drafts only a probe now and then. A decode item of
 ``n_tokens = 1 + k`` carries the pending token plus k drafted tokens, all with logits; the
-engine samples row by row and keeps the agreeing run (exact: see engine).
+engine samples row by row and keeps the agreeing run (exact: core/spec/drafts.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
-from uma_serve.core.policy.state import (
-    Constraints,
-    Phase,
-    Plan,
-    SchedulerState,
-    plan_shape,
-    views_by_seq,
-)
+from uma_serve.core.policy.plan import Constraints, Phase, Plan, plan_shape, views_by_seq
+from uma_serve.core.policy.state import SchedulerState
 
-NGRAM_MAX = 3
-NGRAM_MIN = 2
 PROBE_EVERY = 8  # ticks between a lone stream's probes when its drafts do not pay
 # with several streams, ticks between probes (one stream's at a time): under 1 tick in 20, so
 # the longer probe ticks stay out of the streams' inter-token p95
 PROBE_EVERY_SHARED = 32
 PROBE_TOKENS = 2
-
-
-class NgramIndex:
-    """Most recent end position of every n-gram of a growing token list."""
-
-    def __init__(self, tokens: Sequence[int] = ()) -> None:
-        self.tokens: list[int] = []
-        self._last: dict[tuple[int, ...], int] = {}
-        self._match = -1  # where the earlier occurrence of the current suffix ended
-        for t in tokens:
-            self.append(t)
-
-    def append(self, token: int) -> None:
-        toks = self.tokens
-        toks.append(token)
-        end = len(toks)
-        match = -1
-        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
-            if end < n:
-                continue
-            key = tuple(toks[end - n :])
-            if match < 0:
-                match = self._last.get(key, -1)
-            self._last[key] = end
-        self._match = match
-
-    def draft(self, k: int) -> tuple[int, ...]:
-        """Up to k tokens that followed the previous occurrence of the current suffix."""
-        if self._match < 0 or k <= 0:
-            return ()
-        return tuple(self.tokens[self._match : self._match + k])
 
 
 def draft_length(

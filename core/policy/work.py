@@ -16,8 +16,8 @@ work bulk, including its decode tokens.
 
 from __future__ import annotations
 
-from uma_serve.core.policy.state import Constraints
-from uma_serve.core.policy.tickmodel import TickCost
+from uma_serve.core.policy.cost import TickCost
+from uma_serve.core.policy.plan import Constraints
 
 INTERACTIVE = "interactive"
 BACKGROUND = "background"

@@ -56,8 +56,8 @@ class Sampler:
             add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._chain = chain
         self._attached = backend
-        # false when some stage cannot run in the graph: then it samples on the CPU
-        self.on_backend = backend is not None and bool(ll.llama_set_sampler(*backend, chain))
+        if backend is not None:  # refused when a stage cannot run in the graph: then the CPU
+            ll.llama_set_sampler(*backend, chain)
 
     def sample(self, ctx: ll.llama_context_p, batch_index: int) -> int:
         return ll.llama_sampler_sample(self._chain, ctx, batch_index)

@@ -7,7 +7,7 @@ import ctypes
 
 import llama_cpp as ll
 
-from uma_serve.core.policy.state import ModelFacts
+from uma_serve.core.policy.plan import ModelFacts
 from uma_serve.core.runtime.params import ModelShape
 
 

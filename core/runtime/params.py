@@ -30,6 +30,13 @@ class RuntimeParams:
     # > 0: every running sequence's outputs pass a top-k of this size inside the decode graph,
     # so only k (id, logit) candidates per row reach the host (see candidates())
     device_top_k: int = 0
+    # llama.cpp's flash attention: -1 auto (on where supported), 0 off, 1 on
+    flash_attn: int = -1
+    # --deterministic: a lone token is decoded with a throwaway companion on a spare sequence
+    # id (so no decode has 1 token), and ggml's CPU matmuls use one kernel for every batch
+    # size: with every decode kept within 2..63 tokens by the caller, a position's logits and
+    # KV then depend only on the tokens before it (docs/MEMORY.md, "Reproducible greedy output")
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)

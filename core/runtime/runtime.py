@@ -16,6 +16,8 @@ from uma_serve.core.runtime.chain import Sampler
 from uma_serve.core.runtime.model_info import ModelInfo
 from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
 
+# ggml's CPU backend: "0" sends every K-quant matmul through the per-row kernel
+DETERMINISTIC_ENV = ("GGML_CPU_TILED_MM", "0")
 WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
 # only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
@@ -93,11 +95,20 @@ class Runtime:
         cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
         self._n_ids = params.n_seq + params.n_seq_cache
         cparams.n_seq_max = self._n_ids * (2 if params.shadow else 1)
+        # deterministic: the lone token's companion lives on the last id, for one decode
+        self._pad_id = cparams.n_seq_max if params.deterministic else -1
+        if params.deterministic:
+            cparams.n_seq_max += 1
+            # read once, at the process's first matmul: K-quant matmuls through the per-row
+            # kernel at every batch size (the tiled kernel, used from 8 rows up, rounds
+            # differently)
+            os.environ[DETERMINISTIC_ENV[0]] = DETERMINISTIC_ENV[1]
         threads = params.threads if params.threads > 0 else (os.cpu_count() or 1)
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.swa_full = params.swa_full
         cparams.kv_unified = params.kv_unified
         cparams.no_perf = True
+        cparams.flash_attn_type = params.flash_attn
         cparams.n_outputs_max_per_seq = params.max_outputs_per_seq
         # attached at creation (one graph reservation for good, not one per request)
         self._top_k_chains = [self._top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
@@ -234,8 +245,15 @@ class Runtime:
                 rows.append(i - 1)
             else:
                 rows.append(-1)
+        padded = i == 1 and self._pad_id >= 0
+        if padded:  # deterministic: no decode of 1 token (it takes another attention kernel)
+            self._tok[1], self._pos[1], self._logits[1] = self._tok[0], 0, 1
+            self._seq_ptrs[1][0] = self._pad_id
+            i = 2
         self._batch.n_tokens = i
         rc = ll.llama_decode(self.ctx, self._batch)
+        if padded:
+            ll.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
         if rc == 0 and self.params.shadow:
             for span in spans:
                 self._tag_shadow(span.seq_id, span.pos + len(span.tokens))
@@ -390,6 +408,32 @@ class Runtime:
             ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, 0, len(tokens))
             self._shadowed[seq_id] = len(tokens)
         return tokens
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """One sequence's KV cells (positions and K/V of every layer) as bytes."""
+        size = ll.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = bytearray(size)
+        n = ll.llama_state_seq_get_data(
+            self.ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id
+        )
+        return bytes(memoryview(buf)[:n])
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        """Put bytes from seq_state back as ``seq_id``'s cells: one contiguous run of cells
+        from the first free one that fits, in position order."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if ll.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == 0:
+            return False
+        if self.params.shadow:
+            n = self.seq_pos_max(seq_id) + 1
+            ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, 0, n)
+            self._shadowed[seq_id] = n
+        return True
+
+    def clear_all(self) -> None:
+        """Free every cell of every sequence (metadata only: the next writes overwrite)."""
+        ll.llama_memory_clear(self.memory, False)
+        self._shadowed = [0] * self._n_ids
 
     def seq_pos_max(self, seq_id: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq_id)

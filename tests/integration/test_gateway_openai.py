@@ -366,12 +366,10 @@ def test_client_disconnect_mid_stream_frees_every_choice(gateway, umad, model_id
 
 def prom_samples(gateway) -> dict[tuple[str, tuple], float]:
     text = httpx.get(f"{gateway.url}/metrics").text
-    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
-    assert all(s.labels.get("model_name") for s in samples if s.name.startswith("uma_num"))
-    # keyed without model_name (every core family carries it)
     return {
-        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
-        for s in samples
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
     }
 
 

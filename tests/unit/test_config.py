@@ -51,6 +51,21 @@ def test_drain_timeout_from_flag_env_and_yaml(tmp_path) -> None:
         cfg.load(["--drain-timeout", "-1"], environ={})
 
 
+def test_deterministic_from_flag_env_and_yaml(tmp_path) -> None:
+    from uma_serve.core.daemon import deterministic
+
+    assert cfg.load([], environ={}).deterministic == "off"
+    path = tmp_path / "uma.yaml"
+    path.write_text("deterministic: on\n")  # YAML's boolean
+    assert cfg.load(["--config", str(path)], environ={}).deterministic == "on"
+    c = cfg.load([], environ={"UMA_DETERMINISTIC": "on"})
+    d = deterministic(c)  # the daemon's overrides: one request at a time, short decodes
+    assert (d.n_seq, d.n_batch, d.n_ubatch) == (1, cfg.DETERMINISTIC_BATCH, cfg.DETERMINISTIC_BATCH)
+    assert deterministic(cfg.load([], environ={})) == cfg.load([], environ={})
+    with pytest.raises(ValueError, match="deterministic must be on or off"):
+        cfg.load(["--deterministic", "yes"], environ={})
+
+
 @pytest.mark.parametrize(
     "argv", [["--n-seq", "0"], ["--log-level", "loud"], ["--n-ctx", "64"], ["--quiet-ms", "-1"]]
 )
@@ -78,6 +93,25 @@ def test_config_doc_lists_every_option() -> None:
 
     doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
     assert cfg.options_table() in doc
+
+
+def test_removed_options_are_accepted_with_a_warning(tmp_path, caplog) -> None:
+    path = tmp_path / "uma.yaml"
+    path.write_text("scheduler:\n  overlap: auto\n")
+    with caplog.at_level("WARNING", logger="uma.config"):
+        cfg.load(["--overlap", "on", "--config", str(path)], environ={"UMA_OVERLAP": "off"})
+    assert caplog.text.count("option overlap was removed and is ignored") == 3
+
+
+def test_tuner_is_its_own_option_and_policy_lists_transformers_only(caplog) -> None:
+    c = cfg.load([], environ={})
+    assert (cfg.policy_names(c), c.tuner) == (["qos", "spec", "latency", "bmt"], "on")
+    with caplog.at_level("WARNING", logger="uma.config"):
+        old = cfg.load(["--policy", "qos,latency,tuner"], environ={})
+    assert (old.policy, old.tuner) == ("qos,latency", "on") and "--tuner on" in caplog.text
+    assert cfg.load(["--policy", "qos,tuner", "--tuner", "off"], environ={}).tuner == "off"
+    with pytest.raises(ValueError, match="unknown transformer"):
+        cfg.load(["--policy", "qos,warp-drive"], environ={})
 
 
 def test_gpu_split_options(tmp_path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -12,22 +11,17 @@ import pytest
 from uma_serve.core import protocol as p
 from uma_serve.core.engine import Engine, Submission
 from uma_serve.core.policy import BaselinePolicy, Constraints
+from uma_serve.core.runtime import RuntimeParams
+from uma_serve.core.runtime.api import RuntimeApi
 
 VOCAB = 16
-
-
-@dataclass
-class Params:
-    n_seq: int = 4
-    n_seq_cache: int = 0
-    device_top_k: int = 0
 
 
 class FakeRuntime:
     """Decodes instantly; every logits row prefers token (position % 10) + 1."""
 
     def __init__(self, n_seq: int = 4) -> None:
-        self.params = Params(n_seq)
+        self.params = RuntimeParams(model_path="fake", n_seq=n_seq)
         self.n_ctx = 1024
         self.n_ctx_per_seq = self.n_ctx // n_seq
         self.n_batch = 64
@@ -65,6 +59,38 @@ class FakeRuntime:
     def clear_abort(self) -> None: ...
 
     def synchronize(self) -> None: ...
+
+    # no device top-k, no llama.cpp chains, no prefix cache files here
+    def candidates(self, rows):
+        raise NotImplementedError
+
+    def set_device_top_k(self, seq_id: int, on: bool) -> None:
+        raise NotImplementedError
+
+    def new_sampler(self, params, default_seed: int, backend_seq: int | None = None):
+        raise NotImplementedError
+
+    def sample(self, sampler, row: int) -> int:
+        raise NotImplementedError
+
+    def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool:
+        raise NotImplementedError
+
+    def seq_load(self, path: str, seq_id: int, capacity: int) -> list[int] | None:
+        raise NotImplementedError
+
+    def seq_state(self, seq_id: int) -> bytes:
+        raise NotImplementedError
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def clear_all(self) -> None:
+        raise NotImplementedError
+
+
+def test_the_fake_runtime_implements_the_engines_runtime_protocol() -> None:
+    assert isinstance(FakeRuntime(), RuntimeApi)
 
 
 def run_engine(requests: list[p.Generate], n_seq: int = 4) -> list[tuple[int, p.Event]]:

@@ -8,6 +8,7 @@ from uma_serve.core.policy import (
     SchedulerState,
     SessionView,
 )
+from uma_serve.core.policy.cost import TickCost
 
 
 def view(seq: int, phase: Phase, pending: int = 0, arrival: int = 0) -> SessionView:
@@ -54,14 +55,14 @@ def test_shortest_prompt_first_with_burst() -> None:
 
 
 def test_prefill_limited_by_tick_budget_while_decoding() -> None:
-    stats = EngineStats(base_tick_ms_ewma=20.0, prefill_ms_per_token_ewma=0.5)
+    stats = EngineStats(cost=TickCost(a=20.0, b=0.0, c=0.5, d=0.0, samples=100))
     sessions = [view(0, Phase.DECODE), view(1, Phase.PREFILL, 1000)]
     plan = plan_for(sessions, stats=stats, budget=50.0)
     assert plan.items[1].n_tokens == 60  # (50 - 20) / 0.5
 
 
 def test_prefill_never_starves_below_min_chunk() -> None:
-    stats = EngineStats(base_tick_ms_ewma=80.0, prefill_ms_per_token_ewma=0.5)
+    stats = EngineStats(cost=TickCost(a=80.0, b=0.0, c=0.5, d=0.0, samples=100))
     plan = plan_for([view(0, Phase.DECODE), view(1, Phase.PREFILL, 1000)], stats=stats)
     assert plan.items[1].n_tokens == 16
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from uma_serve.core.engine.learner import TickLearner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BatchItem, Constraints, EngineStats, Phase, Plan, SchedulerState
 from uma_serve.core.policy import SessionView as View
 from uma_serve.core.policy.bmt import BmtGuard, tick_bytes, weight_bytes
-from uma_serve.core.policy.latency_guard import STARVED_CHUNK, LatencyGuard
+from uma_serve.core.policy.cost import TickCost
+from uma_serve.core.policy.lanes import QosLanes
+from uma_serve.core.policy.latency_guard import STARVED_CHUNK, GuardState, LatencyGuard
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.qos import QosLanes
-from uma_serve.core.policy.state import ModelFacts, plan_shape
-from uma_serve.core.policy.tickmodel import TickCost
-from uma_serve.core.tick_learner import TickLearner
+from uma_serve.core.policy.plan import ModelFacts, plan_shape
 
 NOW = 10_000_000_000
 COST = TickCost(a=15.0, b=3.0, c=3.0, d=0.0, samples=100)  # decode 1: 18 ms; +3 ms per token
@@ -24,8 +24,14 @@ def view(seq, phase, qos="interactive", pending=0, n_past=50, progress=NOW, burs
     return View(seq, phase, qos, 50, n_past, pending, 0, 0, None, None, progress, burst)
 
 
-def state(*views, **stats) -> SchedulerState:
-    return SchedulerState(tuple(views), EngineStats(cost=COST, **stats), NOW)
+def state(*views, guard_hold: int = 0, guard_ramp: int | None = None, **stats) -> SchedulerState:
+    g = GuardState(hold=guard_hold, ramp=guard_ramp)
+    return SchedulerState(tuple(views), EngineStats(cost=COST, guard=g, **stats), NOW)
+
+
+def predicted(plan: Plan, st: SchedulerState) -> float:
+    """The tick-time model's prediction for a plan (what the metrics report)."""
+    return st.stats.cost.predict(plan_shape(plan.items, {v.seq_id: v for v in st.sessions}))
 
 
 def dec(seq: int) -> BatchItem:
@@ -78,7 +84,7 @@ def test_guard_admits_only_prefill_that_fits_while_interactive_decodes() -> None
     plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, C)
     assert [(i.seq_id, i.n_tokens) for i in plan.items] == [(0, 1), (1, 1)]
     assert plan.guard_active and abs(plan.budget_ms - 21.6) < 1e-9
-    assert plan.predicted_ms <= plan.budget_ms
+    assert predicted(plan, st) <= plan.budget_ms
 
 
 def test_guard_parks_background_decoders_that_do_not_fit() -> None:
@@ -141,7 +147,9 @@ def test_guard_pauses_for_a_whole_prefill_tick_when_cost_is_stepped() -> None:
     # a step's worth of prompt: the gap it stretches pays the step twice, no more
     assert paused.pause and paused.items == (dec(0), pre(1, int(GPU.e / GPU.c)))
     assert paused.budget_ms == GPU.predict(plan_shape((dec(0),), {0: views[0]})) + 2 * GPU.e
-    held = LatencyGuard().apply(plan, replace(st, stats=replace(st.stats, guard_hold=5)), C)
+    held = LatencyGuard().apply(
+        plan, replace(st, stats=replace(st.stats, guard=GuardState(hold=5))), C
+    )
     assert not held.pause and held.items == (dec(0),)
     # the same shape on a linear (CPU-like) machine is trimmed, never paused
     linear = LatencyGuard().apply(plan, state(*views), C)
@@ -157,7 +165,7 @@ def test_a_new_interactive_prompt_carries_no_bulk_prefill_when_cost_is_stepped()
     alone = LatencyGuard().apply(plan, st, C)
     chat_tick = GPU.predict(plan_shape((pre(0, 40, True),), {0: views[0]}))
     assert alone.items[0] == pre(0, 40, True) and not alone.pause
-    assert alone.predicted_ms <= (1 + C.headroom) * chat_tick  # within the headroom only
+    assert predicted(alone, st) <= (1 + C.headroom) * chat_tick  # within the headroom only
     assert alone.items[1].n_tokens < 50
     decoding = (view(0, Phase.DECODE), views[1])  # its first decode tick: a pause may come
     first = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*decoding), C)
@@ -171,7 +179,7 @@ def test_a_new_interactive_prompt_carries_no_bulk_prefill_when_cost_is_stepped()
 def test_a_starved_prompt_gets_a_pause_not_a_token_when_cost_is_stepped() -> None:
     old = NOW - int(2500e6)  # 2.5 s without progress > starve_ms 2 s
     views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000, progress=old))
-    st = SchedulerState(views, EngineStats(cost=GPU, guard_hold=50), NOW)
+    st = SchedulerState(views, EngineStats(cost=GPU, guard=GuardState(hold=50)), NOW)
     plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, C)
     assert plan.pause and plan.items == (dec(0), pre(1, int(GPU.e / GPU.c)))
 
@@ -184,19 +192,19 @@ def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
     plan = Plan((dec(0), pre(1, 500)), budget_ms=C.bg_tick_ms, pause=True)
     m = EngineMetrics()
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard_hold == 60 and learner.stats.guard_ramp is None  # 20 x (1 + 2)
+    assert learner.stats.guard.hold == 60 and learner.stats.guard.ramp is None  # 20 x (1 + 2)
     assert m.ticks_paused_total == 1 and m.snapshot()["ticks_paused_total"] == 1
     # no slow interactive tick after the pause (r: 2 -> 1), then a pause, then three slow
     # ones (a GPU re-capturing its graph; r: 1 -> 2)
     decode = Plan((dec(0),), budget_ms=2.0)
     learner.record(1.5, decode, st, m)
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard_hold == 40
+    assert learner.stats.guard.hold == 40
     for ms in (3.0, 3.0, 3.0, 1.5):
         learner.record(ms, decode, st, m)
-    assert learner.stats.guard_hold == 36
+    assert learner.stats.guard.hold == 36
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard_hold == 60
+    assert learner.stats.guard.hold == 60
 
 
 def test_guard_never_starves_a_session() -> None:
@@ -255,7 +263,7 @@ def test_pipeline_storm_keeps_interactive_tick_near_solo() -> None:
     plan = build_policy(["qos", "latency", "bmt"]).schedule_tick(st, C)
     assert plan.items[0] == dec(0)
     solo = COST.predict(plan_shape((dec(0),), {v.seq_id: v for v in st.sessions}))
-    assert plan.predicted_ms <= solo * 1.2
+    assert predicted(plan, st) <= solo * 1.2
 
 
 def test_unknown_transformer_is_refused() -> None:
@@ -297,8 +305,8 @@ def test_a_chat_turn_holds_bulk_prefill_where_cost_is_stepped() -> None:
     gpu = TickLearner(replace(C, pause_every=20), None)
     gpu._model._cost = GPU  # a fitted step
     gpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=GPU), NOW), m)
-    assert gpu.stats.guard_hold == 60  # 20 x (1 + 2)
+    assert gpu.stats.guard.hold == 60  # 20 x (1 + 2)
     cpu = TickLearner(replace(C, pause_every=20), None)
     cpu._model._cost = COST
     cpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=COST), NOW), m)
-    assert cpu.stats.guard_hold == 0
+    assert cpu.stats.guard.hold == 0

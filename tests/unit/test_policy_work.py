@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from uma_serve.core import protocol as p
-from uma_serve.core.admission import AdmissionQueue
-from uma_serve.core.policy import Constraints, EngineStats, Phase, SchedulerState
+from uma_serve.core.engine.sequence import Sequence
+from uma_serve.core.engine.waiting import WaitingQueue
+from uma_serve.core.policy import Constraints, EngineStats, Phase, SchedulerState, plan_shape
+from uma_serve.core.policy.cost import TickCost, TickShape
 from uma_serve.core.policy.latency_guard import LatencyGuard
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.tickmodel import TickCost, TickShape
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance, prompt_class
-from uma_serve.core.sequence import Sequence
 
 CPU = TickCost(a=0.3, b=14.0, c=1.9, d=0.0, e=0.0, samples=100)
 GPU = TickCost(a=0.1, b=1.4, c=0.016, d=0.0, e=3.0, samples=100)
@@ -61,7 +61,7 @@ def test_a_pasted_prompt_is_bulk_until_done_then_its_stream_is_protected():
 
 
 def test_a_chat_turn_is_admitted_before_queued_pastes_and_keeps_the_reserved_sequence():
-    queue = AdmissionQueue([0, 1], reserved=1)
+    queue = WaitingQueue([0, 1], reserved=1)
     queue.waiting.extend([seq(1500, bulk=True, sid=1), seq(40, sid=2)])
     assert queue.has_interactive()
     first = queue.admit()
@@ -77,7 +77,8 @@ def test_guard_keeps_an_unlabeled_paste_out_of_the_chats_decode_ticks():
     state = SchedulerState((chat.view(), paste.view()), EngineStats(cost=CPU), 10**10, 10**10)
     plan = build_policy(["qos", "latency"]).schedule_tick(state, C)
     prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
-    assert plan.predicted_ms <= 1.2 * CPU.predict(TickShape(1, 0, 0.0))  # the chat's budget
+    views = {v.seq_id: v for v in state.sessions}
+    assert CPU.predict(plan_shape(plan.items, views)) <= 1.2 * CPU.predict(TickShape(1, 0, 0.0))
     assert plan.items[0].seq_id == 0 and prefill == 1  # 2.9 ms of room at 1.9 ms a token
     unlabeled_as_chat = seq(1500, sid=1)  # the same prompt treated as a chat turn
     state = SchedulerState(
@@ -89,7 +90,7 @@ def test_guard_keeps_an_unlabeled_paste_out_of_the_chats_decode_ticks():
 
 def test_a_single_sequence_is_never_reserved():
     """With one sequence a long prompt must still run: the reservation leaves it free."""
-    queue = AdmissionQueue([0], reserved=1)
+    queue = WaitingQueue([0], reserved=1)
     queue.waiting.append(seq(1500, bulk=True, sid=1))
     admitted = queue.admit()
     assert admitted is not None and admitted.seq_id == 0

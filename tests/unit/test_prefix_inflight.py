@@ -4,11 +4,11 @@ recorded by a stand-in runtime; the real model's side is in test_prefix_cache.py
 from __future__ import annotations
 
 from uma_serve.core import protocol as p
-from uma_serve.core.admission import AdmissionQueue
+from uma_serve.core.engine.sequence import Sequence
+from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy.prefix import BLOCK, PrefixIndex
-from uma_serve.core.prefix_store import PrefixStore
-from uma_serve.core.sequence import Sequence
+from uma_serve.core.prefix.index import BLOCK, PrefixIndex
+from uma_serve.core.prefix.store import PrefixStore
 
 SYS = list(range(1000, 1000 + 4 * BLOCK + 7))  # a shared system prompt, 4 full blocks
 
@@ -73,7 +73,7 @@ def test_reuse_copies_from_the_running_leader() -> None:
 
 
 def test_the_queue_admits_past_a_held_request() -> None:
-    q = AdmissionQueue([0, 1, 2], reserved=0)
+    q = WaitingQueue([0, 1, 2], reserved=0)
     held, other = make(SYS + [1]), make([5] * 40)
     q.waiting.extend([held, other])
     assert q.admit(lambda s: s is held) is other

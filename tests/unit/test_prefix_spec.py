@@ -18,8 +18,9 @@ from uma_serve.core.policy import (
     plan_shape,
 )
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.prefix import BLOCK, PrefixIndex, common_prefix
-from uma_serve.core.policy.spec import NgramIndex, SpeculativeDecode, draft_length
+from uma_serve.core.policy.spec import SpeculativeDecode, draft_length
+from uma_serve.core.prefix.index import BLOCK, PrefixIndex, common_prefix
+from uma_serve.core.spec.ngram import NgramIndex
 
 SYS = list(range(1000, 1000 + 3 * BLOCK + 5))  # a shared "system prompt"
 

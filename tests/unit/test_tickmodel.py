@@ -1,6 +1,7 @@
 import random
 
-from uma_serve.core.policy.tickmodel import OnlineTickModel, TickCost, TickShape
+from uma_serve.core.engine.tickmodel import OnlineTickModel
+from uma_serve.core.policy.cost import TickCost, TickShape
 
 
 def test_fits_a_linear_machine_from_mixed_ticks() -> None:

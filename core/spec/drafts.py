@@ -3,14 +3,14 @@
 The policy (core/policy/spec.py) decides how many drafted tokens each stream's decode item
 carries; here the drafts are proposed from each sequence's own n-gram index and, once the tick
 has logits on every drafted row, accepted while they agree with what the session's sampler
-draws.
+drew (core/engine/executor.py samples the rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from uma_serve.core.sequence import Sequence
+from uma_serve.core.engine.sequence import Sequence
 
 
 class WorkloadAcceptance:
@@ -44,29 +44,29 @@ def propose_drafts(
             s.draft = s.ngrams.draft(limit)
 
 
-def verify(
+def accept(
     seq: Sequence,
     drafts: list[int],
-    row: int,
-    sample: Callable[[int], None],
+    n_sampled: int,
+    emit: Callable[[int], None],
     workload: WorkloadAcceptance | None = None,
 ) -> int:
     """Speculative verification of [pending token, *drafts] decoded with logits on every row;
     returns how many drafts were accepted.
 
-    Row j holds the distribution after the pending token and drafts[:j]. ``sample(row)`` draws
-    it with the session's own sampler and emits the token through the usual path; while it
-    equals drafts[j], that token is already in the KV at the next position, so row j + 1 is
-    valid and is sampled next. The first disagreement (or the row after the last draft) yields
-    the new pending token; the caller removes the KV beyond the accepted run. Every emitted
-    token is the one plain decoding would sample from the same logits: greedy output is
-    identical, sampled output has the same law.
+    Row j holds the distribution after the pending token and drafts[:j]; the executor drew
+    ``n_sampled`` rows with the session's own sampler, in order, while the token equalled
+    drafts[j]. ``emit(j)`` hands the token of row j to the usual path; while it equals
+    drafts[j], that token is already in the KV at the next position. The first disagreement
+    (or the row after the last draft) yields the new pending token; the caller removes the KV
+    beyond the accepted run. Every emitted token is the one plain decoding would sample from
+    the same logits: greedy output is identical, sampled output has the same law.
     """
     seq.n_past += 1  # the pending token
     seq.next_token = None
     accepted = 0
-    for j in range(len(drafts) + 1):
-        sample(row + j)
+    for j in range(n_sampled):
+        emit(j)
         if seq.next_token is None:  # finished (EOS, stop string, length)
             break
         if j == len(drafts) or seq.next_token != drafts[j]:

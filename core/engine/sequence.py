@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Phase, SessionView
-from uma_serve.core.policy.spec import NgramIndex
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
+from uma_serve.core.prefix.index import Entry
 from uma_serve.core.runtime import Sampler
 from uma_serve.core.runtime.grammar import GrammarSampler
 from uma_serve.core.sampling import TokenSampler
+from uma_serve.core.spec.ngram import NgramIndex
 from uma_serve.core.textstream import TextStream
 
 RequestKey = tuple[int, str]  # (connection id, request id)
@@ -40,7 +41,7 @@ class Sequence:
     # its uncached prompt is longer than the interactive allowance (policy/work.py): the
     # prompt is bulk work; set on arrival from the whole prompt, again after the prefix cache
     bulk_prompt: bool = False
-    cached_from: int | None = None  # prefix cache entry its leading KV was copied from
+    cached_from: Entry | None = None  # prefix cache entry its leading KV was copied from
     cached_tokens: int = 0  # how many leading positions came from the prefix cache
     prompt_hashes: list[int] | None = None  # the prompt's block hash chain (prefix cache)
     text: TextStream = field(init=False)

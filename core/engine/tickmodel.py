@@ -1,65 +1,15 @@
-"""Tick-time model: predict a tick's wall time from its composition, fitted online.
-
-    ms ≈ a + b·decode_tokens + c·prefill_tokens + d·(Σ attended KV cells / 1000)
-         + e·[the tick carries any prefill]
-
-The step ``e`` is what a GPU shows: a decode-only tick runs as one captured CUDA graph, and a
-tick with any prompt tokens in it costs a few ms more whatever their number (H100: 1.4 ms vs
-4.1 ms for one prompt token, 9.1 ms for 256). On a CPU it fits to about zero.
-
-``TickCost`` is the immutable coefficient snapshot the policy predicts with;
-``OnlineTickModel`` (owned by the engine) refits it after every tick over a window of recent
-ticks, so the model follows the machine as its speed drifts.
+"""The online fit of the tick-time model (core/policy/cost.py's ``TickCost``): owned by the
+engine, refitted after every tick over a window of recent ticks, so the model follows the
+machine as its speed drifts.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True, slots=True)
-class TickShape:
-    decode: int  # rows with logits: each decoding sequence's token and its drafted tokens
-    prefill: int  # prompt tokens
-    kv_k: float  # Σ over the batch's tokens of KV cells attended, in thousands
-
-    def __add__(self, other: TickShape) -> TickShape:
-        return TickShape(
-            self.decode + other.decode, self.prefill + other.prefill, self.kv_k + other.kv_k
-        )
-
-    def features(self) -> tuple[float, float, float, float, float]:
-        return (1.0, float(self.decode), float(self.prefill), self.kv_k, float(self.prefill > 0))
-
-
-@dataclass(frozen=True, slots=True)
-class TickCost:
-    a: float = 15.0  # ms per tick (graph, LM head for one row, sampling set-up)
-    b: float = 4.0  # ms per decoding sequence (its logits row, its sampler)
-    c: float = 3.0  # ms per prefill token
-    d: float = 0.05  # ms per thousand KV cells attended
-    e: float = 0.0  # ms a tick costs more as soon as it carries any prefill (the step)
-    samples: int = 0  # ticks fitted so far (0: the defaults above, a CPU-sized guess)
-
-    def predict(self, shape: TickShape) -> float:
-        f = shape.features()
-        linear = self.a * f[0] + self.b * f[1] + self.c * f[2] + self.d * f[3]
-        return max(linear + self.e * f[4], 0.0)
-
-    def prefill_that_fits(self, decode: int, kv_k: float, budget_ms: float) -> int:
-        """Largest prefill token count whose predicted tick stays within budget_ms."""
-        base = self.predict(TickShape(decode, 0, kv_k)) + self.e
-        if base > budget_ms:
-            return 0
-        return int(min((budget_ms - base) / max(self.c, 1e-3), 1 << 30))
-
-    def stepped(self, min_tokens: int) -> bool:
-        """The step costs more than ``min_tokens`` prompt tokens: small prefill chunks are
-        mostly step, so prefill should come in few large chunks (a GPU), not many small ones."""
-        return self.e > min_tokens * max(self.c, 1e-3)
+from uma_serve.core.policy.cost import TickCost, TickShape
 
 
 class OnlineTickModel:

@@ -1,4 +1,4 @@
-"""Admission/QoS lanes: interactive decoders always served; background decoders capped at S
+"""QoS decode lanes: interactive decoders always served; background decoders capped at S
 per tick and rotated fairly (least recently served first, keeping a turn for k ticks);
 interactive prefill ahead of background prefill."""
 
@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from uma_serve.core.policy.state import (
-    Constraints,
-    Phase,
-    Plan,
-    SchedulerState,
-    SessionView,
-    views_by_seq,
-)
+from uma_serve.core.policy.plan import Constraints, Phase, Plan, SessionView, views_by_seq
+from uma_serve.core.policy.state import SchedulerState
 from uma_serve.core.policy.work import INTERACTIVE
 
 
@@ -28,7 +22,7 @@ def background_turn_order(decoders: list[SessionView], burst: int) -> list[Sessi
 class QosLanes:
     def apply(self, plan: Plan, state: SchedulerState, c: Constraints) -> Plan:
         views = views_by_seq(state)
-        cap = min(c.max_bg_decoders, state.stats.bg_decoders_cap)
+        cap = state.stats.bg_decoders_cap
         decode = [i for i in plan.items if i.phase is Phase.DECODE]
         prefill = [i for i in plan.items if i.phase is Phase.PREFILL]
         fg = [i for i in decode if views[i.seq_id].qos == INTERACTIVE]

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from uma_serve.core.sequence import Sequence
+from uma_serve.core.engine.sequence import Sequence
 
 Hold = Callable[[Sequence], bool]
 
 
-class AdmissionQueue:
+class WaitingQueue:
     def __init__(self, seq_ids: Iterable[int], reserved: int) -> None:
         self.waiting: deque[Sequence] = deque()
         self.free_ids = list(seq_ids)

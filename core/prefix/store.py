@@ -1,6 +1,6 @@
 """The engine's side of the prefix cache: KV memory ops around the PrefixIndex.
 
-The index (core/policy/prefix.py) decides what is cached and what is evicted; this class
+The index (core/prefix/index.py) decides what is cached and what is evicted; this class
 applies it to the context: tag cached cells with a new sequence's id on admission, keep a
 finished sequence's KV under a cache id, drop everything when running sequences need the
 room, and pin a prefix (saved to / restored from a file with llama_state_seq_*).
@@ -12,17 +12,18 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterable
 
+from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
-from uma_serve.core.policy.prefix import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
-from uma_serve.core.runtime import Runtime, Span
-from uma_serve.core.sequence import Sequence
+from uma_serve.core.prefix.index import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
+from uma_serve.core.runtime import Span
+from uma_serve.core.runtime.api import RuntimeApi
 
 
 class PrefixStore:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeApi,
         index: PrefixIndex,
         metrics: EngineMetrics,
         n_batch: int,
@@ -36,11 +37,23 @@ class PrefixStore:
 
     @classmethod
     def build(
-        cls, runtime: Runtime, metrics: EngineMetrics, constraints: Constraints, budget: int
-    ) -> PrefixStore | None:
-        """The engine's prefix cache: None when off (no token budget or no cache ids)."""
+        cls,
+        runtime: RuntimeApi,
+        metrics: EngineMetrics,
+        constraints: Constraints,
+        budget: int,
+        host_slots: int = 0,
+    ) -> PrefixStore | SnapshotStore | None:
+        """The engine's prefix cache: None when off (no token budget or no cache ids). A
+        deterministic runtime gets the SnapshotStore, with ``host_slots`` entries at most."""
+        if budget <= 0:
+            return None
+        if runtime.params.deterministic:
+            if host_slots <= 0:
+                return None
+            return SnapshotStore(runtime, PrefixIndex(range(host_slots), budget), metrics)
         n_seq, n_cache = runtime.params.n_seq, runtime.params.n_seq_cache
-        if budget <= 0 or n_cache <= 0:
+        if n_cache <= 0:
             return None
         index = PrefixIndex(range(n_seq, n_seq + n_cache), budget)
         return cls(runtime, index, metrics, constraints.n_batch, hold_ms=constraints.starve_ms)
@@ -177,3 +190,87 @@ class PrefixStore:
         self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
         self.metrics.prefix_cache_entries = len(self._prefix.entries)
         return status
+
+
+class SnapshotStore:
+    """--deterministic's prefix cache: each entry's KV is kept as bytes on the host
+    (``llama_state_seq_get_data``), not as cells beside the running request. The KV cache
+    then holds one request at a time and nothing else: at admission it is emptied, the
+    entry's cells are written back from the first cell on, in position order, and the
+    request computes the rest after them. Every request's cells thus sit exactly where a
+    cold computation puts them; with the deterministic runtime's shapes that makes a reused
+    prefix bit-identical to a cold one (docs/MEMORY.md, "Reproducible greedy output")."""
+
+    def __init__(self, runtime: RuntimeApi, index: PrefixIndex, metrics: EngineMetrics) -> None:
+        self.runtime = runtime
+        self._prefix = index
+        self.metrics = metrics
+        self._kv: dict[int, bytes] = {}  # entry id -> its sequence state
+
+    def reuse(self, seq: Sequence, running: Iterable[Sequence] = ()) -> None:
+        """Empty the KV cache, then restore the longest cached prefix of the prompt (all but
+        its last token) into the sequence."""
+        m = self.metrics
+        m.prefix_cache_queries_total += 1
+        self.runtime.clear_all()
+        entry, n = self._prefix.lookup(seq.prompt, PrefixStore.hashes(seq))
+        n = min(n, len(seq.prompt) - 1)
+        if entry is None or n <= 0:
+            return
+        if not self.runtime.seq_restore(seq.seq_id, self._kv[entry.cache_id]):
+            self.runtime.clear_all()
+            return
+        self.runtime.seq_trim(seq.seq_id, n)
+        self._prefix.touch(entry)
+        seq.n_past = seq.cached_tokens = n
+        m.prefix_cache_hits_total += 1
+        m.prefix_cache_cached_tokens_total += n
+
+    def holder(self, running: Collection[Sequence]) -> Callable[[Sequence], bool] | None:
+        return None  # one request at a time: nobody computes a prefix for a follower
+
+    def store(self, seq: Sequence) -> None:
+        """Copy a finished sequence's KV out as a new entry (before its id is cleared)."""
+        plan = self._prefix.plan_store(seq.kv_tokens(), None, 0)
+        for cache_id in plan.evict:
+            self._kv.pop(cache_id, None)
+        if plan.entry is not None:
+            if len(plan.entry) < seq.n_past:
+                self.runtime.seq_trim(seq.seq_id, len(plan.entry))
+            self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq.seq_id)
+        self._update_metrics()
+
+    def evict_all(self) -> bool:
+        """Entries hold no KV cells: dropping them frees none (False)."""
+        return False
+
+    def pin(self, tokens: list[int], kv_path: str | None) -> str:
+        """As PrefixStore.pin, computed on working sequence 0 (call before start)."""
+        if len(tokens) < 2:
+            return "off"
+        entry = self._prefix.pin(tokens)
+        if entry is None:
+            return "no slot"
+        rt, status = self.runtime, "computed"
+        rt.clear_all()
+        if kv_path and os.path.exists(kv_path):
+            if rt.seq_load(kv_path, 0, len(tokens) + 1) == tokens:
+                status = "loaded"
+            else:
+                rt.clear_all()
+        if status == "computed":
+            for pos in range(0, len(tokens), rt.n_batch):
+                chunk = tokens[pos : pos + rt.n_batch]
+                rc, _ = rt.decode([Span(0, pos, chunk, False)])
+                if rc != 0:
+                    raise RuntimeError(f"pinning the prefix failed (llama_decode rc={rc})")
+            if kv_path:
+                rt.seq_save(kv_path, 0, tokens)
+        self._kv[entry.cache_id] = rt.seq_state(0)
+        rt.clear_all()
+        self._update_metrics()
+        return status
+
+    def _update_metrics(self) -> None:
+        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
+        self.metrics.prefix_cache_entries = len(self._prefix.entries)

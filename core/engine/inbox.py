@@ -13,14 +13,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from uma_serve.core import protocol as p
-from uma_serve.core.sequence import RequestKey
+from uma_serve.core.engine.sequence import RequestKey
 
 
-@dataclass(frozen=True)
-class Submission:
+class Submission(msgspec.Struct, frozen=True, tag=True):
     """A request as the I/O thread hands it over: tokenized, stamped on arrival."""
 
     key: RequestKey
@@ -29,10 +29,26 @@ class Submission:
     arrival_ns: int
 
 
+class Cancel(msgspec.Struct, frozen=True, tag=True):
+    """Cancel one request (a client's cancel)."""
+
+    key: RequestKey
+
+
+class CancelConnection(msgspec.Struct, frozen=True, tag=True):
+    """Cancel every request of a connection (it closed)."""
+
+    conn_id: int
+
+
+# what the inbox carries besides the stop order: a tagged union, handled with ``match``
+Op = Submission | Cancel | CancelConnection
+
+
 class Inbox:
     def __init__(self, abort: Callable[[], None], clear_abort: Callable[[], None]) -> None:
         self._cond = threading.Condition()
-        self._items: deque[tuple[str, object]] = deque()
+        self._items: deque[Op] = deque()
         self._stop_reason: str | None = None
         self._abort, self._clear_abort = abort, clear_abort
         self._window_open = False
@@ -40,9 +56,9 @@ class Inbox:
 
     # ---- I/O thread ----
 
-    def post(self, op: str, arg: object, interactive: bool = False) -> None:
+    def post(self, op: Op, interactive: bool = False) -> None:
         with self._cond:
-            self._items.append((op, arg))
+            self._items.append(op)
             if interactive:
                 self._interactive_waiting = True
                 if self._window_open:
@@ -58,7 +74,7 @@ class Inbox:
 
     def take(
         self, busy: Callable[[], bool], on_idle: Callable[[], None]
-    ) -> tuple[list[tuple[str, object]], str | None]:
+    ) -> tuple[list[Op], str | None]:
         """Everything posted so far and the stop reason (if any); sleeps while there is
         nothing to take and ``busy()`` is false."""
         with self._cond:

@@ -1,0 +1,158 @@
+"""The engine: a thread that runs ticks, each one llama_decode.
+
+    batch = scheduler.schedule()                  # the policy's plan over the running set
+    out = executor.run(batch)                     # decode, sample the rows
+    events = scheduler.postprocess(batch, out)    # tokens -> text, stops, ends
+
+The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``
+(an inbox under a Condition) and gets each tick's events through ``sink`` in one call. With
+no work the thread sleeps on the Condition: no polling, no fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from uma_serve.core.engine.executor import Executor
+from uma_serve.core.engine.inbox import Cancel, CancelConnection, Inbox, Op, Submission
+from uma_serve.core.engine.nice import lower_current_thread
+from uma_serve.core.engine.scheduler import Scheduler
+from uma_serve.core.engine.sequence import RequestKey
+from uma_serve.core.engine.tick import Outgoing
+from uma_serve.core.engine.tuner import SweetSpotTuner
+from uma_serve.core.metrics import EngineMetrics
+from uma_serve.core.policy import Constraints, Policy
+from uma_serve.core.policy.work import INTERACTIVE, prompt_class
+from uma_serve.core.runtime.api import RuntimeApi
+from uma_serve.core.samplers import Samplers
+
+log = logging.getLogger("uma.engine")
+Sink = Callable[[list[Outgoing]], None]
+
+
+class Engine:
+    def __init__(
+        self,
+        runtime: RuntimeApi,
+        policy: Policy,
+        constraints: Constraints,
+        sink: Sink,
+        metrics: EngineMetrics | None = None,
+        seed: int | None = None,
+        tuner: SweetSpotTuner | None = None,
+        reserved_interactive: int = 0,
+        sampler: str = "numpy",
+        prefix_cache_tokens: int = 0,
+        prefix_cache_slots: int = 0,
+        compute_nice: int = 0,
+        fail_decode: str | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.sink = sink
+        self.metrics = metrics or EngineMetrics()
+        self.metrics.kv_cells_total = runtime.n_ctx
+        self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
+        self._compute_nice = compute_nice
+        self._inbox = Inbox(runtime.abort, runtime.clear_abort)
+        samplers = Samplers(runtime, sampler)
+        self.scheduler = Scheduler(
+            runtime,
+            policy,
+            constraints,
+            self.metrics,
+            samplers,
+            seed=seed,
+            tuner=tuner,
+            reserved_interactive=reserved_interactive,
+            prefix_cache_tokens=prefix_cache_tokens,
+            prefix_cache_slots=prefix_cache_slots,
+        )
+        self.executor = Executor(runtime, samplers, self._inbox, fail_decode)
+        self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
+
+    # ---- thread-safe API (called from the I/O thread) ----
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, sub: Submission) -> None:
+        """A chat turn's arrival may cut short a tick of bulk work (see Executor.run)."""
+        label = sub.request.qos
+        chat = prompt_class(label, len(sub.prompt), self.prompt_allowance()) == INTERACTIVE
+        self._inbox.post(sub, interactive=chat)
+
+    def cancel(self, key: RequestKey) -> None:
+        self._inbox.post(Cancel(key))
+
+    def cancel_connection(self, conn_id: int) -> None:
+        self._inbox.post(CancelConnection(conn_id))
+
+    def stop(self, reason: str) -> None:
+        """End every request with an eos (reason cancelled, detail ``reason``) and exit."""
+        self._inbox.stop(reason)
+
+    def prompt_allowance(self) -> int:
+        """Uncached prompt tokens of a chat turn at most, from the current tick-time model."""
+        return self.scheduler.prompt_allowance()
+
+    def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
+        """Keep ``tokens``' KV resident for good (call before start)."""
+        return self.scheduler.pin_prefix(tokens, kv_path)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- engine thread ----
+
+    def _run(self) -> None:
+        lower_current_thread(self._compute_nice)  # llama.cpp's workers, started here, inherit it
+        sched = self.scheduler
+        try:
+            while True:
+                ops, stop = self._inbox.take(sched.busy, sched.learner.idle)
+                events = self._apply(ops)
+                if stop is not None:
+                    self.sink(events + sched.drain(stop))
+                    return
+                sched.admit()
+                if sched.running:
+                    events += self.step()
+                if not sched.running:
+                    sched.release_ended()  # idle: nothing to overlap it with
+                if events:
+                    self.sink(events)
+        except Exception:
+            log.exception("engine thread crashed")
+            self.sink(sched.drain("engine failure", reason="error"))
+            raise
+
+    def step(self) -> list[Outgoing]:
+        """One tick: schedule, run, postprocess."""
+        try:
+            batch = self.scheduler.schedule()
+            if batch.empty:
+                return []
+            out = self.executor.run(batch, meanwhile=self.scheduler.release_ended)
+        except Exception:  # a bug costs the running requests, not the daemon
+            log.exception("tick failed: ending the running requests")
+            return self.scheduler.fail_running("internal error in the engine tick")
+        return self.scheduler.postprocess(batch, out)
+
+    def _apply(self, ops: list[Op]) -> list[Outgoing]:
+        events: list[Outgoing] = []
+        sched = self.scheduler
+        for op in ops:
+            match op:
+                case Submission():
+                    sched.add(op)
+                case Cancel(key=key):
+                    events += sched.cancel(lambda s, k=key: s.key == k, "cancelled by client")
+                case CancelConnection(conn_id=conn):
+                    events += sched.cancel(lambda s, c=conn: s.conn_id == c, "client disconnected")
+        return events

@@ -1,0 +1,331 @@
+"""The scheduler: which sequences run, what each tick carries, and what its tokens mean.
+
+It owns the running set and the admission queue, uses the prefix cache on admission and on
+a sequence's end, shows the policy a side-effect-free snapshot, and after the executor's tick
+turns the sampled tokens into events (text, stops, lengths, ends) and the tick's time into
+what the next plans learn from (core/engine/learner.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from uma_serve.core import protocol as p
+from uma_serve.core.engine.inbox import Submission
+from uma_serve.core.engine.learner import TickLearner
+from uma_serve.core.engine.sequence import Sequence
+from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
+from uma_serve.core.engine.tuner import SweetSpotTuner
+from uma_serve.core.engine.waiting import WaitingQueue
+from uma_serve.core.metrics import EngineMetrics
+from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
+from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
+from uma_serve.core.prefix.store import PrefixStore
+from uma_serve.core.runtime.api import RuntimeApi
+from uma_serve.core.samplers import Samplers
+from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
+from uma_serve.core.spec.ngram import NgramIndex
+
+log = logging.getLogger("uma.engine")
+Match = Callable[[Sequence], bool]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runtime: RuntimeApi,
+        policy: Policy,
+        constraints: Constraints,
+        metrics: EngineMetrics,
+        samplers: Samplers,
+        seed: int | None = None,
+        tuner: SweetSpotTuner | None = None,
+        reserved_interactive: int = 0,
+        prefix_cache_tokens: int = 0,
+        prefix_cache_slots: int = 0,
+    ) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self.constraints = constraints
+        self.metrics = metrics
+        self._samplers = samplers
+        self._rng = random.Random(seed)
+        self._queue = WaitingQueue(range(runtime.params.n_seq), reserved_interactive)
+        self._prefix = PrefixStore.build(
+            runtime, metrics, constraints, prefix_cache_tokens, prefix_cache_slots
+        )
+        self._spec = constraints.spec_max_draft
+        self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
+        self.running: dict[int, Sequence] = {}  # seq_id -> sequence
+        self.learner = TickLearner(constraints, tuner)
+        self._max_prefill: int | None = None  # cap after a failed decode (no KV slot)
+        self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
+        self._last_interactive_ns = 0  # when an interactive request last ran or waited
+
+    # ---- requests in and out ----
+
+    def prompt_allowance(self) -> int:
+        """Uncached prompt tokens of a chat turn at most, from the current tick-time model."""
+        return prompt_allowance(self.learner.stats.cost, self.constraints)
+
+    def add(self, sub: Submission) -> None:
+        seq = Sequence(sub.key, sub.request, sub.prompt, sub.arrival_ns)
+        seq.bulk_prompt = len(seq.prompt) > self.prompt_allowance()
+        self._queue.waiting.append(seq)
+        self.metrics.waiting_sessions = len(self._queue)
+
+    def cancel(self, match: Match, detail: str) -> list[Outgoing]:
+        """Idempotent: a request already finished or unknown is ignored."""
+        now, out = time.monotonic_ns(), []
+        for seq in self._queue.remove(match):
+            self._finish(seq, "cancelled", now, out, detail)
+        for seq in [s for s in self.running.values() if match(s)]:
+            self._finish(seq, "cancelled", now, out, detail)
+        self.metrics.waiting_sessions = len(self._queue)
+        return out
+
+    def busy(self) -> bool:
+        """Work without new input: running requests, or one that can take a free sequence
+        (idle time between is not tick overhead)."""
+        return bool(self.running) or self._queue.admittable(self._hold())
+
+    def _hold(self) -> Match | None:  # waiting for a leader's prefix
+        return self._prefix.holder(self.running.values()) if self._prefix else None
+
+    def admit(self) -> None:
+        if self._ended and len(self._queue):  # a waiting request may need their ids or KV
+            self.release_ended()
+        now = time.monotonic_ns()
+        while (seq := self._queue.admit(self._hold())) is not None:
+            seq.admitted_ns = seq.last_progress_ns = now
+            seq.sampler = self._samplers.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
+            self.runtime.seq_clear(seq.seq_id)
+            if self._prefix is not None:
+                self._prefix.reuse(seq, self.running.values())
+            seq.bulk_prompt = seq.pending_prefill > self.prompt_allowance()
+            if self._spec > 0:
+                seq.ngrams = NgramIndex(seq.prompt)
+                seq.spec_accept_ewma = self._accept.value
+            self.running[seq.seq_id] = seq
+            self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
+        self.metrics.waiting_sessions = len(self._queue)
+        self.metrics.active_sessions = len(self.running)
+
+    def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
+        """Keep ``tokens``' KV resident for good (call before start): see PrefixStore.pin."""
+        return self._prefix.pin(tokens, kv_path) if self._prefix is not None else "off"
+
+    # ---- one tick ----
+
+    def schedule(self) -> Batch:
+        """Propose drafts, note a conversation, show the policy the snapshot: its plan."""
+        now = time.monotonic_ns()
+        self._propose_drafts()
+        if any(s.interactive for s in self.running.values()) or self._queue.has_interactive():
+            self._last_interactive_ns = now  # a conversation is going on
+        state = self.snapshot(now)
+        constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
+        plan = self.policy.schedule_tick(state, constraints)
+        seqs = tuple(self.running[i.seq_id] for i in plan.items)
+        # a tick of bulk work only: a chat turn's arrival stops it (its chunk is redone later)
+        abortable = all(s.work_class != INTERACTIVE for s in seqs)
+        return Batch(plan, state, seqs, abortable)
+
+    def _propose_drafts(self) -> None:
+        if self._spec > 0:
+            decoding = [s for s in self.running.values() if s.next_token is not None]
+            c = self.constraints
+            propose_drafts(decoding, self._spec, c.spec_max_streams, self.runtime.n_ctx_per_seq)
+
+    def snapshot(self, now_ns: int) -> SchedulerState:
+        """The running sequences as the policy sees them (no side effects)."""
+        views = tuple(s.view() for s in self.running.values())
+        return SchedulerState(views, self.learner.stats, now_ns, self._last_interactive_ns)
+
+    def postprocess(self, batch: Batch, result: TickResult) -> list[Outgoing]:
+        """The tick's tokens as events; a failed tick's consequences."""
+        out: list[Outgoing] = []
+        try:
+            self.learner.tick_started(result.t0)
+            self.learner.tick_decoded(result.t0, result.ms)
+            if result.failure is not None:
+                self._decode_failed(result.failure, result.rc, batch, out)
+            else:
+                self._record_tick(result.ms, batch)
+                self._advance(batch, result.sampled, out)
+        except Exception:  # a bug costs the running requests, not the daemon
+            log.exception("tick failed: ending the running requests")
+            out += self.fail_running("internal error in the engine tick")
+        return out
+
+    def _advance(self, batch: Batch, sampled: tuple[Sampled, ...], out: list[Outgoing]) -> None:
+        now = time.monotonic_ns()
+        served = {item.seq_id for item in batch.plan.items}
+        for seq in self.running.values():
+            if seq.seq_id not in served:
+                seq.burst = 0
+        drafted: list[tuple[Sequence, int, Sampled]] = []
+        for item, seq, got in zip(batch.plan.items, batch.seqs, sampled, strict=True):
+            seq.last_progress_ns = now
+            seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
+            if item.phase is Phase.DECODE and item.n_tokens > 1:
+                drafted.append((seq, item.n_tokens - 1, got))
+                continue
+            seq.n_past += item.n_tokens
+            if item.phase is Phase.DECODE:
+                seq.next_token = None
+            elif not seq.pending_prefill:
+                seq.prefill_done_ns = now
+            if got.tokens:
+                self._on_token(seq, got.tokens[0], got.logprobs[0], now, out)
+        for seq, n_drafts, got in drafted:
+            self._accept_drafts(seq, list(seq.draft[:n_drafts]), got, now, out)
+        self.metrics.kv_cells_used = sum(s.n_past for s in self.running.values())
+
+    def _accept_drafts(
+        self, seq: Sequence, drafts: list[int], got: Sampled, now: int, out: list[Outgoing]
+    ) -> None:
+        def emit(j: int) -> None:
+            self._on_token(seq, got.tokens[j], got.logprobs[j], now, out)
+
+        accepted = accept(seq, drafts, len(got.tokens), emit, self._accept)
+        if self.running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
+            self.runtime.seq_trim(seq.seq_id, seq.n_past)
+        self.metrics.spec_drafted_tokens_total += len(drafts)
+        self.metrics.spec_accepted_tokens_total += accepted
+
+    def _record_tick(self, ms: float, batch: Batch) -> None:
+        self.learner.record(ms, batch.plan, batch.state, self.metrics)
+        if self._max_prefill is not None:  # recover gradually after a failed decode
+            doubled = self._max_prefill * 2
+            self._max_prefill = doubled if doubled < self.constraints.n_batch else None
+
+    def _decode_failed(self, failure: Failure, rc: int, batch: Batch, out: list[Outgoing]) -> None:
+        plan = batch.plan
+        if failure is Failure.ABORTED:  # an interactive request arrived: admitted next tick
+            self.metrics.ticks_aborted_total += 1
+            self.learner.idle()  # the aborted tick's time teaches nothing
+            return
+        self.metrics.decode_failures_total += 1
+        if failure is Failure.RETRY:  # finished sequences' KV was freed after it
+            self.learner.idle()
+            return
+        if failure is Failure.NO_SLOT and self._prefix is not None and self._prefix.evict_all():
+            log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
+            return
+        n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
+        now = time.monotonic_ns()
+        if failure is Failure.NO_SLOT and n_prefill > 1:
+            self._max_prefill = half = max(n_prefill // 2, 1)
+            log.warning("no KV slot for %d tokens: shrinking prefill to %d", plan.n_tokens, half)
+            return
+        if failure is Failure.NO_SLOT:  # decode alone does not fit: the longest gives way
+            victim = max(self.running.values(), key=lambda s: s.n_past)
+            self._fail(victim, "KV cache full: no slot for this sequence", now, out)
+            return
+        log.error("llama_decode returned %d: failing the batch's requests", rc)
+        for seq in batch.seqs:
+            if self.running.get(seq.seq_id) is seq:
+                self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
+
+    # ---- tokens and ends ----
+
+    def _on_token(
+        self, seq: Sequence, token: int, lp: p.Logprobs | None, now: int, out: list[Outgoing]
+    ) -> None:
+        req = seq.request
+        if self.runtime.is_eog(token) and not req.ignore_eos:
+            self._finish(seq, "stop", now, out, token=token)
+            return
+        seq.generated += 1
+        self.metrics.tokens_generated_total += 1
+        if seq.first_token_ns is None:
+            seq.first_token_ns = now
+            prompt_qos = INTERACTIVE if seq.interactive else BACKGROUND
+            self.metrics.observe_ttft(prompt_qos, (now - seq.arrival_ns) * 1e-6)
+        else:
+            self.metrics.observe_itl(req.qos, (now - (seq.last_token_ns or now)) * 1e-6)
+        seq.last_token_ns = now
+        text = seq.text.push(self.runtime.piece(token))
+        if seq.text.stopped:
+            _emit_text(seq, text, token, lp, out)
+            self._finish(seq, "stop", now, out)
+        elif seq.generated >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
+            _emit_text(seq, text + seq.text.flush(), token, lp, out)
+            self._finish(seq, "length", now, out)
+        else:
+            _emit_text(seq, text, token, lp, out)
+            seq.next_token = token
+            seq.out.append(token)
+            if seq.ngrams is not None:
+                seq.ngrams.append(token)
+
+    def fail_running(self, message: str) -> list[Outgoing]:
+        now, out = time.monotonic_ns(), []
+        for seq in list(self.running.values()):
+            self._fail(seq, message, now, out)
+        return out
+
+    def _fail(self, seq: Sequence, message: str, now: int, out: list[Outgoing]) -> None:
+        error = p.ErrorEvent(id=seq.request.id, code=p.E_RUNTIME, message=message)
+        out.append((seq.conn_id, error))
+        self._finish(seq, "error", now, out, message, send=False)
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: str,
+        now: int,
+        out: list[Outgoing],
+        detail: str | None = None,
+        token: int = -1,
+        send: bool = True,
+    ) -> None:
+        if reason == "stop" and (rest := seq.text.flush()):
+            _emit_text(seq, rest, token, None, out)
+        if seq.seq_id >= 0 and self.running.pop(seq.seq_id, None) is seq:
+            self._ended.append((seq, reason))
+        self._samplers.release(seq.seq_id, seq.sampler)
+        m = self.metrics
+        m.requests_total[reason] += 1
+        m.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
+        m.active_sessions = len(self.running)
+        m.kv_cells_used = sum(s.n_past for s in self.running.values())
+        if send:
+            out.append((seq.conn_id, seq.final_event(reason, now, detail)))
+
+    def release_ended(self) -> float:
+        """Cache finished sequences' prefixes, free their KV and ids; the seconds it took. Run
+        at the next decode's launch (a GPU computes meanwhile) or for an admission needing them."""
+        if not self._ended:
+            return 0.0
+        t0 = time.perf_counter()
+        ended, self._ended = self._ended, []  # taken first: a failure is not met again
+        for seq, reason in ended:
+            if self._prefix is not None and reason != "error" and seq.n_past > 0:
+                self._prefix.store(seq)
+            self.runtime.seq_clear(seq.seq_id)
+            self._queue.release(seq.seq_id)
+        return time.perf_counter() - t0
+
+    def drain(self, detail: str, reason: str = "cancelled") -> list[Outgoing]:
+        """End every request, waiting or running."""
+        now, out = time.monotonic_ns(), []
+        for seq in list(self._queue.waiting) + list(self.running.values()):
+            self._finish(seq, reason, now, out, detail)
+        self.release_ended()
+        self._queue.waiting.clear()
+        self.metrics.waiting_sessions = 0
+        return out
+
+
+def _emit_text(
+    seq: Sequence, text: str, token: int, lp: p.Logprobs | None, out: list[Outgoing]
+) -> None:
+    event = seq.token_event(text, token, lp)
+    if event is not None:
+        out.append((seq.conn_id, event))

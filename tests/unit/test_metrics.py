@@ -1,0 +1,37 @@
+"""The metrics snapshot: one declaration (protocol.MetricsSnapshot) for the snapshot, the
+gateway's Prometheus families and docs/METRICS.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from uma_serve.core import protocol as p
+from uma_serve.core.metrics import EngineMetrics, metrics_table
+
+
+def test_the_snapshot_is_the_declared_struct() -> None:
+    m = EngineMetrics()
+    m.kv_cells_total, m.kv_cells_used = 100, 25
+    m.observe_ttft("interactive", 12.0)
+    m.requests_total["stop"] += 1
+    snap = m.snapshot(prompt_tokens_reused_total=7)
+    typed = msgspec.convert(snap, p.MetricsSnapshot)  # every field, well typed
+    assert set(snap) == set(p.MetricsSnapshot.__struct_fields__)
+    assert typed.kv_cache_usage_ratio == 0.25 and typed.prompt_tokens_reused_total == 7
+    assert typed.requests_total.stop == 1 and typed.histograms.ttft_ms.count == 1
+    assert typed.histograms_by_qos.ttft_ms["interactive"].count == 1
+
+
+def test_metrics_doc_table_is_generated_from_the_declaration() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "METRICS.md").read_text()
+    assert metrics_table() in doc
+
+
+def test_every_exported_field_names_its_family_and_help() -> None:
+    for path, _, meta in p.metric_fields():
+        extra = meta.extra or {}
+        assert meta.description, path
+        if extra:
+            assert extra["prom"].startswith("uma_") and extra["prom_help"], path
