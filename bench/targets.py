@@ -35,6 +35,7 @@ class RequestSpec:
     )
     ignore_eos: bool = True
     tag: str = ""  # the scenario's label for this request (class, session, step ...)
+    grammar: str | None = None  # GBNF constraining the output (llama-server's field)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class SocketTarget(Target):
             ignore_eos=spec.ignore_eos,
             qos=spec.qos or "interactive",  # type: ignore[arg-type]
             stream=True,
+            grammar=spec.grammar,
         )
         t0 = time.perf_counter()
         res = RequestResult(spec=spec, t_send=t0)
@@ -173,6 +175,8 @@ class HttpTarget(Target):
             body["ignore_eos"] = True
         if self.send_qos and spec.qos:
             body["qos"] = spec.qos
+        if spec.grammar:
+            body["grammar"] = spec.grammar
         return body
 
     async def generate(self, spec: RequestSpec, on_token: OnToken | None = None) -> RequestResult:

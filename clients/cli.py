@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         code = run(args)
     except CoreError as exc:
         print(f"uma-cli: {exc}", file=sys.stderr)
-        code = EXIT_PROTOCOL if exc.code.startswith("E_PROTO") else EXIT_SERVER
+        code = EXIT_PROTOCOL if exc.code.startswith(("E_PROTO", "E_TEMPLATE")) else EXIT_SERVER
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         print(f"uma-cli: cannot reach the daemon at {args.socket}: {exc}", file=sys.stderr)
         code = EXIT_SERVER

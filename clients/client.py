@@ -140,6 +140,13 @@ class AsyncUmaClient:
     async def info(self) -> p.InfoEvent:
         return await self._admin(p.InfoRequest, type="info")
 
+    async def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
+        """``kw``: add_special, parse_special, with_pieces (docs/PROTOCOL.md)."""
+        return await self._admin(p.TokenizeRequest, type="tokenize", content=content, **kw)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return (await self._admin(p.DetokenizeRequest, type="detokenize", tokens=tokens)).content
+
     async def close(self) -> None:
         self._reader_task.cancel()
         self._writer.close()
@@ -222,3 +229,11 @@ class UmaClient:
 
     def info(self) -> p.InfoEvent:
         return self.request(p.InfoRequest(type="info", id=new_id()))
+
+    def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
+        msg = p.TokenizeRequest(type="tokenize", id=new_id(), content=content, **kw)
+        return self.request(msg)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        msg = p.DetokenizeRequest(type="detokenize", id=new_id(), tokens=tokens)
+        return self.request(msg).content

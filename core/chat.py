@@ -3,6 +3,11 @@
 The GGUF's own template is used when it has one. The embedded Gemma 3 270M GGUF carries
 none, so Gemma 3's official template (text-only) ships here for gemma3 models.
 
+Before the template, ``normalize`` makes the common OpenAI layouts fit templates that want a
+single leading system turn and alternating roles (Gemma's raises otherwise): every system
+message joins one leading system turn, and consecutive turns of one role merge into one (the
+contents joined with a blank line).
+
 Role injection: a message's content is the user's text, never markup. ``render_parts`` keeps
 the two apart so that only the template's own markers are tokenized as special tokens; a
 "<end_of_turn>" typed by a user stays plain text.
@@ -31,6 +36,24 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+TURN_JOIN = "\n\n"
+
+
+def normalize(messages: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The messages as one leading system turn (all system contents, in order; none if no
+    system message) and then the other turns, consecutive turns of one role merged."""
+    system = [c for r, c in messages if r == "system"]
+    out: list[tuple[str, str]] = [("system", TURN_JOIN.join(system))] if system else []
+    for role, content in messages:
+        if role == "system":
+            continue
+        if out and out[-1][0] == role:
+            out[-1] = (role, out[-1][1] + TURN_JOIN + content)
+        else:
+            out.append((role, content))
+    return out
+
+
 def builtin_template(architecture: str | None) -> str | None:
     """The shipped template for a model architecture without one in its GGUF."""
     if architecture == "gemma3":
@@ -43,7 +66,10 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self.source = source
-        self._template = env.from_string(source)
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the chat template does not compile: {exc}") from None
         # BOS is added by the tokenizer, so the rendered text must not carry it again.
         self._bos, self._eos = bos_token, eos_token
 

@@ -81,6 +81,7 @@ class Config:
     spec_draft: int = -1
     spec_max_streams: int = 4
     pin_prefix: str = ""
+    chat_template: str = ""
     seed: int | None = None
     deterministic: str = "off"
     log_level: str = "info"
@@ -229,6 +230,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "a text file (e.g. a system prompt) whose KV the prefix cache keeps resident; saved as "
         "FILE.<model>.kv and restored at the next start instead of recomputed",
         "cache.pin_prefix",
+    ),
+    "chat_template": (
+        "a Jinja chat template file used instead of the GGUF's own (or the shipped one): it "
+        "gets messages (role, content), add_generation_prompt, bos_token and eos_token",
+        "chat_template",
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
     "deterministic": (

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from uma_serve.core import config as cfg
-from uma_serve.core.chat import ChatTemplate, builtin_template
+from uma_serve.core.chat import ChatTemplate, ChatTemplateError, builtin_template
 from uma_serve.core.engine import Engine
 from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.faults import Faults
@@ -143,7 +143,10 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         kv_path = f"{config.pin_prefix}.{Path(runtime.model_path).stem}.kv"
         status = on_passing_thread(engine.pin_prefix, runtime.tokenize(text), kv_path)
         log.info("pinned prefix %s: %s (%s)", config.pin_prefix, status, kv_path)
-    template = runtime.info.chat_template or builtin_template(runtime.info.architecture)
+    if config.chat_template:
+        template: str | None = Path(config.chat_template).read_text()
+    else:
+        template = runtime.info.chat_template or builtin_template(runtime.info.architecture)
     chat = ChatTemplate(template) if template and not faults.no_chat_template else None
     server = holder["server"] = CoreServer(config, runtime, engine, chat)
     return runtime, engine, server
@@ -194,6 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         print(f"umad: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if config.chat_template:  # before the model loads: a bad template fails fast
+        try:
+            ChatTemplate(Path(config.chat_template).read_text())
+        except (OSError, ChatTemplateError) as exc:
+            print(f"umad: --chat-template {config.chat_template}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

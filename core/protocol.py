@@ -52,6 +52,7 @@ E_DUP_ID = "E_PROTO_003"  # an id that is already in flight on this connection
 E_LIMIT = "E_LIMIT_001"  # prompt over --max-prompt-bytes or over the context
 E_LIMIT_TOKENS = "E_LIMIT_002"  # max_tokens over --max-tokens
 E_BUSY = "E_BUSY_001"  # more requests than --max-sessions: retry later
+E_TEMPLATE = "E_TEMPLATE_001"  # the chat template refused the messages (its own message)
 E_MODEL = "E_MODEL_001"  # model problem (e.g. no chat template for messages)
 E_RUNTIME = "E_RUNTIME_001"  # llama_decode failed hard for this request
 E_IO = "E_IO_001"  # the client does not read its stream: write buffer over the bound
@@ -100,6 +101,8 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool = True
     ignore_eos: bool = False
     qos: QoS = "interactive"
+    # GBNF text (root rule ``root``) constraining the output: llama.cpp's grammar sampler
+    grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -141,7 +144,34 @@ class InfoRequest(msgspec.Struct, forbid_unknown_fields=True):
     id: str | None = None
 
 
-Request = Generate | Cancel | MetricsRequest | HealthRequest | InfoRequest
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Text to token ids, as llama-server's /tokenize (nothing is generated)."""
+
+    type: Literal["tokenize"]
+    id: str | None = None
+    content: str
+    add_special: bool = False  # prepend BOS (as a prompt is tokenized)
+    parse_special: bool = True  # control-token texts become those tokens
+    with_pieces: bool = False  # each token's text too
+
+
+class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Token ids to text, as llama-server's /detokenize."""
+
+    type: Literal["detokenize"]
+    id: str | None = None
+    tokens: list[int]
+
+
+Request = (
+    Generate
+    | Cancel
+    | MetricsRequest
+    | HealthRequest
+    | InfoRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
 
 
 # ---- events (core -> client) ----
@@ -237,8 +267,32 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     gguf_chat_template: bool = False
 
 
+class TokensEvent(msgspec.Struct, tag_field="event", tag="tokens", omit_defaults=True):
+    """The answer to ``tokenize``: ids, and with ``with_pieces`` each token's text (a string,
+    or its bytes as a list of ints where they are not valid UTF-8 on their own)."""
+
+    id: str | None
+    tokens: list[int]
+    pieces: list[str | list[int]] | None = None
+
+
+class TextEvent(msgspec.Struct, tag_field="event", tag="text"):
+    """The answer to ``detokenize``: the tokens' text (invalid UTF-8 replaced by U+FFFD)."""
+
+    id: str | None
+    content: str
+
+
 Event = (
-    TokenEvent | EosEvent | CompletionEvent | ErrorEvent | MetricsEvent | HealthEvent | InfoEvent
+    TokenEvent
+    | EosEvent
+    | CompletionEvent
+    | ErrorEvent
+    | MetricsEvent
+    | HealthEvent
+    | InfoEvent
+    | TokensEvent
+    | TextEvent
 )
 
 
@@ -264,6 +318,8 @@ _request_decoders: dict[str, msgspec.json.Decoder] = {
     "metrics": msgspec.json.Decoder(MetricsRequest),
     "health": msgspec.json.Decoder(HealthRequest),
     "info": msgspec.json.Decoder(InfoRequest),
+    "tokenize": msgspec.json.Decoder(TokenizeRequest),
+    "detokenize": msgspec.json.Decoder(DetokenizeRequest),
 }
 _event_decoder = msgspec.json.Decoder(Event)
 _TOO_DEEP = "invalid JSON object: nested too deeply (arrays/objects over ~1000 levels)"

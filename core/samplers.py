@@ -3,7 +3,8 @@
 Modes (``--sampler``; the daemon resolves ``auto``): ``numpy`` samples the logits row on the
 host (core/sampling.py); ``backend-topk`` has the device keep a top-k per row and numpy
 finish the chain on those candidates, except for requests that need the whole row
-(penalties, a wider top-k), whose sequence's device top-k is detached for their lifetime;
+(penalties, a wider top-k, a grammar), whose sequence's device top-k is detached for their
+lifetime; a request with a grammar samples on the host in every mode (core/grammar.py);
 ``llama`` runs llama.cpp's chain per session on the host; ``backend`` attaches that chain to
 the context so the device draws the token.
 """
@@ -15,7 +16,10 @@ import numpy as np
 from uma_serve.core import protocol as p
 from uma_serve.core.config import SAMPLERS
 from uma_serve.core.runtime import Runtime, Sampler, SamplingParams
+from uma_serve.core.runtime.grammar import GrammarSampler
 from uma_serve.core.sampling import TokenSampler, logprobs_of, sample_candidates_batch
+
+AnySampler = TokenSampler | GrammarSampler | Sampler
 
 
 def sampling_params(req: p.Generate) -> SamplingParams:
@@ -41,8 +45,14 @@ class Samplers:
         self.device_k = runtime.params.device_top_k  # > 0: candidates come from the device
         self.full_row: set[int] = set()  # sequences whose requests need the whole row
 
-    def new(self, seq_id: int, req: p.Generate, default_seed: int) -> TokenSampler | Sampler:
+    def new(self, seq_id: int, req: p.Generate, default_seed: int) -> AnySampler:
         params = sampling_params(req)
+        if req.grammar is not None:  # the whole row, on the host
+            if self.device_k:
+                self.runtime.set_device_top_k(seq_id, False)
+                self.full_row.add(seq_id)
+            eog = self.runtime.eog_tokens
+            return GrammarSampler(self.runtime.vocab, req.grammar, params, default_seed, eog)
         if self.mode in ("numpy", "backend-topk"):
             sampler = TokenSampler(params, default_seed)
             full = sampler.needs_full_row(self.device_k) or req.logprobs is not None
@@ -54,7 +64,7 @@ class Samplers:
         on_device = self.mode == "backend" and req.logprobs is None
         return self.runtime.new_sampler(params, default_seed, seq_id if on_device else None)
 
-    def release(self, seq_id: int, sampler: TokenSampler | Sampler | None) -> None:
+    def release(self, seq_id: int, sampler: AnySampler | None) -> None:
         if sampler is not None:
             sampler.free()
         if seq_id in self.full_row:  # give the sequence its device top-k back
@@ -62,7 +72,7 @@ class Samplers:
             self.runtime.set_device_top_k(seq_id, True)
 
     def sample_rows(
-        self, rows: list[tuple[int, TokenSampler | Sampler | None, int, int | None]]
+        self, rows: list[tuple[int, AnySampler | None, int, int | None]]
     ) -> list[tuple[int, p.Logprobs | None]]:
         """The tokens of a tick's rows, each (seq_id, sampler, row, logprobs k): the rows whose
         candidates come from the device are drawn together, the others one by one (a request
@@ -80,13 +90,13 @@ class Samplers:
             for pick, row in zip(picks, rows, strict=True)
         ]
 
-    def _from_candidates(self, seq_id: int, sampler: TokenSampler | Sampler | None) -> bool:
+    def _from_candidates(self, seq_id: int, sampler: AnySampler | None) -> bool:
         """Whether this row's token comes from the device's top-k candidates."""
         device = self.device_k > 0 and seq_id not in self.full_row
         return device and isinstance(sampler, TokenSampler)
 
     def sample_logprobs(
-        self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int, k: int | None
+        self, seq_id: int, sampler: AnySampler | None, row: int, k: int | None
     ) -> tuple[int, p.Logprobs | None]:
         """The token, and with ``k`` set the model's log-probabilities at this step (from the
         row as the model wrote it: the chain may bias or penalise it in place)."""
@@ -96,12 +106,14 @@ class Samplers:
         token = self.sample(seq_id, sampler, row)
         return token, logprobs_of(raw, token, k, self.runtime.piece)
 
-    def sample(self, seq_id: int, sampler: TokenSampler | Sampler | None, row: int) -> int:
+    def sample(self, seq_id: int, sampler: AnySampler | None, row: int) -> int:
         """The session's next token from batch row ``row`` of the last decode."""
+        if isinstance(sampler, GrammarSampler):
+            return sampler.sample(self.runtime.logits_row(row))
         if isinstance(sampler, TokenSampler):
             if self._from_candidates(seq_id, sampler):
                 ids, logits = self.runtime.candidates([row])
                 return sampler.sample_candidates(ids[0], logits[0])
             return sampler.sample(self.runtime.logits_row(row))
-        assert sampler is not None
+        assert isinstance(sampler, Sampler)
         return self.runtime.sample(sampler, row)

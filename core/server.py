@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from uma_serve.core import protocol as p
-from uma_serve.core.chat import ChatTemplate, ChatTemplateError
+from uma_serve.core.chat import ChatTemplate, ChatTemplateError, normalize
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
 from uma_serve.core.prompt_tokens import ChatTokenizer, PromptTokenizer
 from uma_serve.core.runtime import Runtime
+from uma_serve.core.runtime.grammar import GrammarError, check_grammar
 
 log = logging.getLogger("uma.server")
 _conn_ids = itertools.count(1)
@@ -217,6 +218,8 @@ class CoreServer:
                 conn.send(p.HealthEvent(rid, status, m.active_sessions, m.waiting_sessions))
             case p.InfoRequest(id=rid):
                 conn.send(self.info(rid))
+            case p.TokenizeRequest() | p.DetokenizeRequest():
+                conn.send(self.tokens(request))
 
     def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
         c = self.config
@@ -233,6 +236,11 @@ class CoreServer:
         if req.logit_bias and (top := max(req.logit_bias)) >= self.runtime.n_vocab:
             vocab = f"(0..{self.runtime.n_vocab - 1})"
             return p.E_PROTO, f"logit_bias token id {top} is not in the vocabulary {vocab}"
+        if req.grammar is not None:
+            try:
+                check_grammar(self.runtime.vocab, req.grammar)
+            except GrammarError as exc:
+                return p.E_PROTO, f"invalid generate request: 'grammar': {exc}"
         if req.messages is not None:
             size = sum(len(m.content.encode()) for m in req.messages)
         else:
@@ -246,9 +254,10 @@ class CoreServer:
             if self.chat is None:
                 return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
-                parts = self.chat.render_parts([(m.role, m.content) for m in req.messages])
+                turns = normalize([(m.role, m.content) for m in req.messages])
+                parts = self.chat.render_parts(turns)
             except ChatTemplateError as exc:
-                return p.E_PROTO, str(exc)
+                return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
             tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
         else:
             tokens = self.tokenizer.tokenize(req.prompt or "")
@@ -263,6 +272,32 @@ class CoreServer:
         conn.inflight.add(req.id)
         self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
         return None
+
+    def tokens(self, req: p.TokenizeRequest | p.DetokenizeRequest) -> p.Event:
+        """``tokenize`` / ``detokenize`` (llama-server's /tokenize and /detokenize)."""
+        rt = self.runtime
+        if isinstance(req, p.DetokenizeRequest):
+            bad = [t for t in req.tokens if not 0 <= t < rt.n_vocab]
+            if bad:
+                vocab = f"(0..{rt.n_vocab - 1})"
+                return p.ErrorEvent(req.id, p.E_PROTO, f"token id {bad[0]} is not in {vocab}")
+            text = b"".join(rt.piece(t, special=True) for t in req.tokens)
+            return p.TextEvent(req.id, text.decode("utf-8", "replace"))
+        size = len(req.content.encode())
+        if size > self.config.max_prompt_bytes:
+            limit = self.config.max_prompt_bytes
+            return p.ErrorEvent(req.id, p.E_LIMIT, f"{size} bytes over max_prompt_bytes {limit}")
+        ids = rt.tokenize(req.content, req.add_special, req.parse_special)
+        if not req.with_pieces:
+            return p.TokensEvent(req.id, ids)
+        pieces: list[str | list[int]] = []
+        for t in ids:
+            raw = rt.piece(t, special=True)
+            try:
+                pieces.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                pieces.append(list(raw))
+        return p.TokensEvent(req.id, ids, pieces)
 
     def info(self, rid: str | None) -> p.InfoEvent:
         rt = self.runtime

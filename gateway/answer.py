@@ -14,6 +14,7 @@ from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.errors import ApiError, from_core_error
 from uma_serve.gateway.logprobs import chat_logprobs, text_logprobs
+from uma_serve.gateway.tool_calls import ToolCallParser
 
 
 @dataclass
@@ -28,10 +29,12 @@ class Job:
     echo: str = ""
     prompt_param: str = "prompt"
     n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
+    tool_mode: str | None = None  # "auto" / "forced": tool calls are read from the text
     created: int = field(default_factory=lambda: int(time.time()))
     _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
     _offsets: dict[int, int] = field(default_factory=dict, repr=False)  # text_offset per choice
     _roles: dict[int, bytes] = field(default_factory=dict, repr=False)
+    _parsers: dict[int, ToolCallParser] = field(default_factory=dict, repr=False)
 
     @property
     def object(self) -> str:
@@ -86,6 +89,31 @@ class Job:
         head, tail = self._frame(index)
         return head + msgspec.json.encode(text) + tail
 
+    def _parser(self, index: int) -> ToolCallParser:
+        parser = self._parsers.get(index)
+        if parser is None:
+            parser = self._parsers[index] = ToolCallParser(forced=self.tool_mode == "forced")
+        return parser
+
+    def _tool_sse(self, index: int, deltas: list[dict[str, Any]]) -> bytes:
+        chunks = [
+            self.chunk([{"index": index, "delta": d, "logprobs": None, "finish_reason": None}])
+            for d in deltas
+        ]
+        return "".join(f"data: {c}\n\n" for c in chunks).encode()
+
+    def tool_event(self, text: str, index: int) -> bytes:
+        """A token's SSE events with tool calls read from the text: content, a call's first
+        chunk (id, type, name) or a piece of its arguments; nothing while undecided."""
+        return self._tool_sse(index, self._parser(index).feed(text))
+
+    def tool_finish(self, index: int, reason: str) -> tuple[bytes, str]:
+        """The events of text held back to the end, and the finish reason: ``tool_calls``
+        when the answer made complete calls and stopped by itself."""
+        parser = self._parser(index)
+        tail = self._tool_sse(index, parser.finish())
+        return tail, "tool_calls" if reason == "stop" and parser.complete_calls else reason
+
     def logprobs_block(self, lps: list[p.Logprobs], index: int = 0) -> dict[str, Any]:
         """OpenAI's ``logprobs`` object for these tokens of choice ``index``."""
         if self.kind == "chat":
@@ -117,9 +145,18 @@ class Job:
         block = self.logprobs_block(lps, index) if lps is not None else None
         if self.kind == "text":
             return {"text": text, "index": index, "logprobs": block, "finish_reason": reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self.tool_mode is not None:
+            parser = ToolCallParser(forced=self.tool_mode == "forced")
+            deltas = parser.feed(text) + parser.finish()
+            if reason == "stop" and (calls := parser.complete_calls):
+                content = "".join(d.get("content", "") for d in deltas)
+                message["content"] = content or None
+                message["tool_calls"] = [c.message_dict() for c in calls]
+                reason = "tool_calls"
         return {
             "index": index,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": block,
             "finish_reason": reason,
         }

@@ -43,6 +43,7 @@ class Settings:
     body_timeout: float = 30.0
     shutdown_grace: float = 5.0
     pool_size: int = 4
+    default_max_tokens: int = 512  # a chat request's max_tokens when it sets none
     routing: Routing = "affinity"
     affinity_chars: int = 512
     balance_slack: int = 4
@@ -54,6 +55,8 @@ ROUTES = [
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
     Route("/v1/models", routes.list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+    Route("/tokenize", routes.tokenize, methods=["POST"]),
+    Route("/detokenize", routes.detokenize, methods=["POST"]),
     Route("/health", routes.health, methods=["GET"]),
     Route("/metrics", routes.metrics, methods=["GET"]),
 ]

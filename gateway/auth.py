@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uma_serve.gateway.errors import ApiError
 
 PROTECTED_PREFIX = "/v1/"
+PROTECTED_PATHS = ("/tokenize", "/detokenize")  # llama-server's routes, at the root
 
 
 def key_matches(presented: str, keys: list[bytes]) -> bool:
@@ -39,7 +40,8 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if not self.keys or scope["type"] != "http" or not path.startswith(PROTECTED_PREFIX):
+        protected = path.startswith(PROTECTED_PREFIX) or path in PROTECTED_PATHS
+        if not self.keys or scope["type"] != "http" or not protected:
             await self.app(scope, receive, send)
             return
         header = dict(scope["headers"]).get(b"authorization")

@@ -74,10 +74,10 @@ class CorePool:
         except CoreError as exc:
             log.info("core not reachable at start-up: %s", exc.message)
 
-    async def _admin(self, name: str) -> Any:
+    async def _admin(self, name: str, *args: Any, **kw: Any) -> Any:
         client = await self.client()
         try:
-            return await asyncio.wait_for(getattr(client, name)(), self.admin_timeout)
+            return await asyncio.wait_for(getattr(client, name)(*args, **kw), self.admin_timeout)
         except TimeoutError:
             raise CoreError(E_CONNECT, f"the core did not answer {name} in time") from None
 
@@ -112,6 +112,12 @@ class CorePool:
 
     async def metrics(self) -> dict[str, Any]:
         return await self._admin("metrics")
+
+    async def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
+        return await self._admin("tokenize", content, **kw)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return await self._admin("detokenize", tokens)
 
     async def stream(self, request: p.Generate) -> AsyncIterator[p.Event]:
         """The request's events; one retry on a fresh connection if the first send failed.

@@ -83,8 +83,15 @@ def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
         return ApiError(400, msg, param=prompt_param, code="context_length_exceeded")
     if code == p.E_LIMIT_TOKENS:
         return ApiError(400, msg, param="max_tokens", code="invalid_value")
+    if code == p.E_TEMPLATE:
+        return ApiError(400, msg, param=prompt_param, code="invalid_value")
+    if code == p.E_MODEL:
+        return ApiError(400, msg, param=prompt_param, code="model_not_supported")
+    if code == p.E_PROTO and "'grammar'" in msg:  # a completion's own, or built from these
+        param = "grammar" if prompt_param == "prompt" else "response_format"
+        return ApiError(400, msg, param=param, code="invalid_value")
     if code in (p.E_PROTO, p.E_DUP_ID):
-        return ApiError(400, msg, code=code)
+        return ApiError(400, msg, code="invalid_request")
     if code == p.E_BUSY:
         return too_many_requests(msg)
     if code == p.E_SHUTDOWN:

@@ -115,6 +115,12 @@ def parser() -> argparse.ArgumentParser:
         help="on SIGTERM, seconds running requests may finish; then a stream ends with an "
         "error chunk and [DONE], a request still waiting gets 503 shutting_down",
     )
+    ap.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=512,
+        help="a chat request's max_tokens when it sets none (capped at the core's --max-tokens)",
+    )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
     ap.add_argument(
@@ -138,6 +144,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         body_timeout=args.body_timeout,
         shutdown_grace=args.shutdown_grace,
         pool_size=args.pool_size,
+        default_max_tokens=args.default_max_tokens,
         routing=args.routing,
         affinity_chars=args.affinity_chars,
         balance_slack=args.balance_slack,

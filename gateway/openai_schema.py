@@ -2,8 +2,9 @@
 
 Unknown fields are refused (as OpenAI does with "Unrecognized request argument") so that no
 option is silently ignored. Fields OpenAI defines but the core cannot honour (``best_of``,
-``suffix``, tools, prompt logprobs) are accepted only at their neutral values and otherwise
-refused with a 400 that names the parameter.
+``suffix``, prompt logprobs) are accepted only at their neutral values and otherwise refused
+with a 400 that names the parameter. ``response_format`` and forced tool calls become a GBNF
+grammar (gateway/gbnf.py); tool history is rendered by gateway/tool_prompt.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from uma_serve.gateway.errors import ApiError, bad_request
+from uma_serve.gateway.tool_prompt import check_tools, tool_messages
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -86,6 +88,8 @@ class CompletionRequest(_Sampling, kw_only=True):
     best_of: int | None = None
     suffix: str | None = None
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None  # legacy: up to 5
+    # llama-server's extension: GBNF text (root rule ``root``) constraining the output
+    grammar: Annotated[str, msgspec.Meta(min_length=1, max_length=65536)] | None = None
 
     def check(self) -> None:
         self.check_common()
@@ -116,17 +120,67 @@ class TextPart(msgspec.Struct, forbid_unknown_fields=True):
     text: str | None = None
 
 
+FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
+
+
+class FunctionDef(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class CalledFunction(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     refusal: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self, index: int) -> str:
         where = f"messages[{index}]"
-        if self.role in ("tool", "function") or self.tool_calls:
-            raise bad_request("tool messages are not supported", f"{where}.role")
+        if self.role == "function":
+            raise bad_request("function messages are not supported: use tool", f"{where}.role")
+        if self.content is None and (self.tool_calls or self.role == "assistant"):
+            return ""
         if self.content is None:
             raise bad_request("message content is required", f"{where}.content")
         if isinstance(self.content, str):
@@ -139,7 +193,7 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                     f"{where}.content[{j}]",
                 )
             texts.append(part.text)
-        return "".join(texts)
+        return "\n".join(texts)
 
 
 class ChatRequest(_Sampling, kw_only=True):
@@ -148,9 +202,9 @@ class ChatRequest(_Sampling, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any | None = None
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], msgspec.Meta(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
     def check(self) -> None:
@@ -159,15 +213,7 @@ class ChatRequest(_Sampling, kw_only=True):
             raise bad_request("messages must not be empty", "messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        if self.tools:
-            raise bad_request("tools are not supported", "tools", "unsupported_parameter")
-        if self.tool_choice not in (None, "none"):
-            raise bad_request("tool_choice is not supported", "tool_choice")
-        fmt = (self.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise bad_request(
-                f"response_format {fmt!r} is not supported", "response_format", "unsupported_value"
-            )
+        check_tools(self)
 
     @property
     def core_logprobs(self) -> int | None:
@@ -183,8 +229,26 @@ class ChatRequest(_Sampling, kw_only=True):
     def max_tokens_param(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
+    @property
+    def tool_mode(self) -> Literal["auto", "forced"] | None:
+        """How tool calls are read from the answer: none, parsed when present, or forced."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
+    def forced_functions(self) -> list[FunctionDef]:
+        """The functions a forced answer may call (all with ``required``, else the named)."""
+        tools = [t.function for t in self.tools or []]
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [f for f in tools if f.name == self.tool_choice.function.name]
+        return tools
+
     def core_messages(self) -> list[dict[str, str]]:
-        """Messages in the core's shape: developer folds into system, parts into one text."""
+        """Messages in the core's shape: developer folds into system, parts into one text
+        joined by newlines (with tools or tool turns, the fallback rendering of
+        gateway/tool_prompt.py). The core merges system and consecutive same-role turns."""
+        if self.tools or any(m.role == "tool" or m.tool_calls for m in self.messages):
+            return tool_messages(self)
         out = []
         for i, m in enumerate(self.messages):
             role = "system" if m.role == "developer" else m.role
@@ -233,3 +297,26 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
         ) from None
     req.check()
     return req
+
+
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """llama-server's /tokenize body (``model`` accepted as vLLM clients send it)."""
+
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+    model: str | None = None
+
+    def check(self) -> None:
+        pass
+
+
+class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """llama-server's /detokenize body."""
+
+    tokens: list[int]
+    model: str | None = None
+
+    def check(self) -> None:
+        pass

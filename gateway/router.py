@@ -281,6 +281,27 @@ class Router:
         assert last is not None
         raise last
 
+    async def _any(self, name: str, *args: Any, **kw: Any) -> Any:
+        """An admin request answered by one live core (all serve the same model)."""
+        last: CoreError | None = None
+        for core in sorted(self.cores, key=lambda c: not c.up):
+            try:
+                return await getattr(core.pool, name)(*args, **kw)
+            except CoreError as exc:
+                if exc.code not in (p.E_PROTO, p.E_LIMIT):  # the request's fault, not the core's
+                    self.mark_down(core, exc.message)
+                    last = exc
+                    continue
+                raise
+        assert last is not None
+        raise last
+
+    async def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
+        return await self._any("tokenize", content, **kw)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return await self._any("detokenize", tokens)
+
     async def fresh_infos(self) -> list[p.InfoEvent]:
         """Every live core's info asked now; CoreError when none answers."""
         results = await asyncio.gather(

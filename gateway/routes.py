@@ -33,6 +33,7 @@ from uma_serve.gateway.streaming import (
     sse_response,
     tagged,
 )
+from uma_serve.gateway.tool_prompt import grammar_of
 
 QOS_HEADER = "x-uma-qos"
 # Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
@@ -251,7 +252,14 @@ async def _generate(request: Request, kind: type) -> Response:
             text = req.prompt_text
             check_prompt_size(len(text.encode()), info, "prompt")
             max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
-            gen = p.Generate(id=rid, prompt=text, max_tokens=max_tokens, qos=qos, **sampling(req))
+            gen = p.Generate(
+                id=rid,
+                prompt=text,
+                max_tokens=max_tokens,
+                qos=qos,
+                grammar=req.grammar,
+                **sampling(req),
+            )
             job = Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
         else:
             rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -259,15 +267,18 @@ async def _generate(request: Request, kind: type) -> Response:
             size = sum(len(m["content"].encode()) for m in messages)
             check_prompt_size(size, info, "messages")
             param = req.max_tokens_param
-            max_tokens = check_max_tokens(req.requested_max_tokens, info.max_tokens, info, param)
+            default = min(state.settings.default_max_tokens, info.max_tokens)
+            max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
             gen = p.Generate(
                 id=rid,
                 messages=[p.Message(**m) for m in messages],
                 max_tokens=max_tokens,
                 qos=qos,
+                grammar=grammar_of(req),
                 **sampling(req),
             )
             job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+            job.tool_mode = req.tool_mode
         job.n = req.n or 1
         if req.stream:
             response = await _start_stream(request, job, release, stop)
@@ -359,6 +370,53 @@ def _model_card(info: p.InfoEvent, request: Request) -> dict[str, Any]:
         "owned_by": "uma-serve",
         "max_model_len": info.n_ctx_per_seq,
     }
+
+
+async def _small_body(request: Request, kind: type) -> Any:
+    settings = request.app.state.settings
+    check_json_body(request)
+    try:
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+    except ClientGone:
+        return None
+    req = schema.decode(body, kind)
+    if req.model is not None:
+        check_model(req.model, await core_info(request))
+    return req
+
+
+async def tokenize(request: Request) -> Response:
+    """llama-server's /tokenize: ``{"tokens": [ids]}``, or with ``with_pieces``
+    ``{"tokens": [{"id", "piece"}]}`` (a piece that is not valid UTF-8 alone: its bytes)."""
+    req = await _small_body(request, schema.TokenizeRequest)
+    if req is None:
+        return Response(status_code=499)
+    flags = {"add_special": req.add_special, "parse_special": req.parse_special}
+    try:
+        ev = await request.app.state.pool.tokenize(
+            req.content, with_pieces=req.with_pieces, **flags
+        )
+    except CoreError as exc:
+        raise from_core_error(exc, "content") from None
+    if ev.pieces is None:
+        return JSONResponse({"tokens": ev.tokens})
+    tokens = [{"id": t, "piece": s} for t, s in zip(ev.tokens, ev.pieces, strict=True)]
+    return JSONResponse({"tokens": tokens})
+
+
+async def detokenize(request: Request) -> Response:
+    """llama-server's /detokenize: ``{"content": text}``."""
+    req = await _small_body(request, schema.DetokenizeRequest)
+    if req is None:
+        return Response(status_code=499)
+    try:
+        content = await request.app.state.pool.detokenize(req.tokens)
+    except CoreError as exc:
+        err = from_core_error(exc, "tokens")
+        if exc.code == p.E_PROTO:
+            err.param, err.code = "tokens", "invalid_value"
+        raise err from None
+    return JSONResponse({"content": content})
 
 
 def _not_ok_reason(status: str) -> str:

@@ -245,7 +245,12 @@ def sse_response(
         try:
             while item is not None:
                 i, ev = item
-                if isinstance(ev, p.TokenEvent):
+                if isinstance(ev, p.TokenEvent) and job.tool_mode is not None:
+                    head = b"" if started[i] else job.role_event(i)
+                    started[i] = True
+                    if data := head + job.tool_event(ev.text, i):
+                        yield data
+                elif isinstance(ev, p.TokenEvent):
                     if started[i]:
                         yield job.content_event(ev.text, i, ev.logprobs)
                     else:
@@ -259,7 +264,12 @@ def sse_response(
                     if not started[i] and job.kind == "chat":
                         yield job.chunk([job.delta("", role=True, index=i)])
                     tail = job.echo if not started[i] and job.kind == "text" else None
-                    yield job.chunk([job.delta(tail, ev.reason, index=i)])
+                    reason = ev.reason
+                    if job.tool_mode is not None:
+                        held, reason = job.tool_finish(i, reason)
+                        if held:
+                            yield held
+                    yield job.chunk([job.delta(tail, reason, index=i)])
                     usages.append(ev.usage)
                     if len(usages) == job.n:
                         if job.include_usage:

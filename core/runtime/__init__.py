@@ -2,7 +2,8 @@
 
 ``runtime``: model, context, batch, decode, KV memory ops, tokenizer; ``model_info``: what the
 model's GGUF says (name, architecture, chat template, the sizes derived from it); ``chain``: a
-session's llama.cpp sampler chain; ``params``: the plain data they are built from.
+session's llama.cpp sampler chain; ``grammar``: GBNF-constrained sampling; ``params``: the
+plain data they are built from.
 """
 
 from uma_serve.core.runtime.chain import Sampler

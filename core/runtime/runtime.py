@@ -192,20 +192,29 @@ class Runtime:
             n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes of one token (may be part of a UTF-8 character); cached."""
-        cached = self._pieces.get(token)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character); cached. ``special``:
+        control tokens render as their text (else as nothing); not cached."""
+        cached = None if special else self._pieces.get(token)
         if cached is None:
             buf = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            cached = self._pieces[token] = buf.raw[:n]
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            cached = buf.raw[:n]
+            if not special:
+                self._pieces[token] = cached
         return cached
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """The vocabulary's end-of-generation tokens that have an id (EOS, EOT)."""
+        ids = {ll.llama_vocab_eos(self.vocab), ll.llama_vocab_eot(self.vocab)}
+        return tuple(sorted(t for t in ids if t >= 0 and self.is_eog(t)))
 
     # ---- decode ----
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from uma_serve.core.chat import ChatTemplate, builtin_template
+from uma_serve.core.chat import ChatTemplate, ChatTemplateError, builtin_template, normalize
 
 GEMMA = ChatTemplate(builtin_template("gemma3") or "")
 PIECES = ["a", " ", "\n", "<end_of_turn>", "<start_of_turn>model\n", "é", "\t"]
@@ -37,3 +37,39 @@ def test_a_template_that_does_not_trim_keeps_the_spaces() -> None:
     plain = ChatTemplate("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}")
     parts = plain.render_parts([("user", " x ")])
     assert parts == [("[user]", True), (" x ", False)]
+
+
+def test_normalize_merges_system_and_same_role_turns() -> None:
+    messages = [
+        ("system", "A"),
+        ("user", "u1"),
+        ("user", "u2"),
+        ("system", "B"),
+        ("assistant", "a1"),
+        ("assistant", "a2"),
+        ("user", "u3"),
+    ]
+    assert normalize(messages) == [
+        ("system", "A\n\nB"),
+        ("user", "u1\n\nu2"),
+        ("assistant", "a1\n\na2"),
+        ("user", "u3"),
+    ]
+    assert normalize([("user", "x")]) == [("user", "x")]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), contents)))
+def test_normalized_layouts_render_with_gemma_when_they_start_with_a_user(messages) -> None:
+    turns = normalize(messages)
+    roles = [r for r, _ in turns if r != "system"]
+    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    assert sum(r == "system" for r, _ in turns) <= 1 and all(r != "system" for r, _ in turns[1:])
+    if roles and roles[0] == "user":
+        GEMMA.render_parts(turns)  # alternating roles: the template accepts them
+
+
+def test_a_template_that_does_not_compile_is_a_chat_template_error() -> None:
+    import pytest
+
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{% for %}")

@@ -107,7 +107,7 @@ def test_chat_request_messages():
     )
     assert req.core_messages() == [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "ab"},
+        {"role": "user", "content": "a\nb"},
     ]
     assert req.requested_max_tokens == 5 and req.max_tokens_param == "max_completion_tokens"
     bad = b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}'
@@ -117,7 +117,7 @@ def test_chat_request_messages():
     wrong_role = b'{"messages": [{"role": "x", "content": "a"}]}'
     assert decode_error(wrong_role, schema.ChatRequest).param == "messages[0].role"
     tools = b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}'
-    assert decode_error(tools, schema.ChatRequest).param == "tools"
+    assert decode_error(tools, schema.ChatRequest).param == "tools[0].function"
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,8 @@ def test_chat_request_messages():
         (p.E_BUSY, 429),
         (p.E_SHUTDOWN, 503),
         (p.E_IO, 503),
-        (p.E_MODEL, 500),
+        (p.E_MODEL, 400),
+        (p.E_TEMPLATE, 400),
         (p.E_RUNTIME, 500),
     ],
 )
@@ -412,3 +413,19 @@ def test_drain_stops_running_requests_after_the_grace():
         drain.discard(stop)
 
     asyncio.run(scenario())
+
+
+def test_tool_grammar_resolves_each_functions_own_refs():
+    from uma_serve.gateway import gbnf
+
+    def fn(name: str, kind: str) -> dict:
+        defs = {"Inner": {"type": "object", "properties": {"x": {"type": kind}}}}
+        props = {"inner": {"$ref": "#/$defs/Inner"}}
+        return {"name": name, "parameters": {"type": "object", "properties": props, "$defs": defs}}
+
+    grammar = gbnf.tool_call_grammar([fn("a", "integer"), fn("b", "boolean")], parallel=True)
+    assert "root ::=" in grammar and gbnf.TOOL_OPEN in grammar
+    assert "integer" in grammar and "boolean" in grammar
+    with pytest.raises(ApiError) as info:
+        gbnf.json_schema_grammar({"$ref": "#/$defs/Missing"}, "response_format.json_schema.schema")
+    assert info.value.param == "response_format.json_schema.schema"

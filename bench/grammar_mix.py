@@ -1,0 +1,124 @@
+"""grammar-mix: what a grammar-constrained request costs the unconstrained streams beside it.
+
+Each round runs the same unconstrained streams twice, alone ("plain") and with constrained
+requests (a JSON-schema grammar, as response_format builds it) running one after another
+beside them for as long as the streams last ("mixed"). Target: the streams' decode tokens/s
+mixed >= 95% of plain (the median of the rounds' ratios). The constrained answers must parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+
+from uma_serve.bench import common
+from uma_serve.bench.report import RunDir
+from uma_serve.bench.targets import RequestResult, RequestSpec, Target
+from uma_serve.bench.workloads import Workload
+from uma_serve.core.runtime.grammar import json_schema_gbnf
+
+NAME = "grammar-mix"
+KEY_METRICS = [("mixed_over_plain", "higher"), ("plain_tok_per_s", "higher")]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "temperature": {"type": "integer"},
+        "notes": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+    },
+    "required": ["city", "unit", "temperature", "notes"],
+    "additionalProperties": False,
+}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    common.add_common(ap)
+    ap.add_argument("--streams", type=int, default=3, help="unconstrained streams (default 3)")
+    ap.add_argument("--max-tokens", type=int, help="tokens per stream (default 200, quick 48)")
+    ap.add_argument("--rounds", type=int, help="plain/mixed pairs (default 3, quick 1)")
+
+
+def _decode_tps(r: RequestResult) -> float | None:
+    if not r.ok or len(r.token_ms) < 2 or r.token_ms[-1] <= r.token_ms[0]:
+        return None
+    return (r.n_tokens - 1) / ((r.token_ms[-1] - r.token_ms[0]) / 1e3)
+
+
+async def _streams(target: Target, specs: list[RequestSpec], constrained: RequestSpec | None):
+    """The streams' results, and the constrained requests' results run beside them."""
+    done = asyncio.Event()
+    side: list[RequestResult] = []
+
+    async def beside() -> None:
+        i = 0
+        while not done.is_set():
+            spec = RequestSpec(
+                constrained.prompt, constrained.max_tokens, seed=constrained.seed + i,
+                ignore_eos=False, grammar=constrained.grammar, tag="constrained",
+            )  # fmt: skip
+            side.append(await target.generate(spec))
+            i += 1
+
+    task = asyncio.ensure_future(beside()) if constrained is not None else None
+    results = await asyncio.gather(*(target.generate(s) for s in specs))
+    done.set()
+    if task is not None:
+        await task
+    return list(results), side
+
+
+async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    wl = Workload(args.seed)
+    rounds = args.rounds or (1 if args.quick else 3)
+    max_tokens = args.max_tokens or (48 if args.quick else 200)
+    grammar = json_schema_gbnf(SCHEMA)
+    ask = "Report the weather in Paris as JSON with city, unit, temperature and notes.\n"
+    constrained = RequestSpec(ask, 120, seed=args.seed, grammar=grammar, tag="constrained")
+    plain_tps, mixed_tps, ratios, side_all, failed = [], [], [], [], 0
+    for r in range(rounds):
+        specs = [
+            RequestSpec(wl.chat_prompt(40), max_tokens, seed=args.seed + 100 * r + i, tag=f"s{i}")
+            for i in range(args.streams)
+        ]
+        per_phase = {}
+        for phase, extra in (("plain", None), ("mixed", constrained)):
+            results, side = await _streams(target, specs, extra)
+            failed += sum(not x.ok for x in results)
+            tps = [t for t in map(_decode_tps, results) if t]
+            per_phase[phase] = statistics.mean(tps) if tps else 0.0
+            side_all += side
+        plain_tps.append(per_phase["plain"])
+        mixed_tps.append(per_phase["mixed"])
+        if per_phase["plain"]:
+            ratios.append(per_phase["mixed"] / per_phase["plain"])
+    complete = [x for x in side_all if x.ok and x.finish_reason == "stop"]
+    parsed = 0
+    for x in complete:  # a grammar-complete answer must parse (one cut by max_tokens need not)
+        with contextlib.suppress(ValueError):
+            parsed += isinstance(json.loads("".join(x.texts)), dict)
+    side_tps = [t for t in map(_decode_tps, side_all) if t]
+    return {
+        "rounds": rounds,
+        "streams": args.streams,
+        "max_tokens": max_tokens,
+        "plain_tok_per_s": statistics.median(plain_tps),
+        "mixed_tok_per_s": statistics.median(mixed_tps),
+        "mixed_over_plain": statistics.median(ratios) if ratios else None,
+        "ratios": ratios,
+        "constrained_requests": len(side_all),
+        "constrained_complete": len(complete),
+        "constrained_parsed": parsed,
+        "constrained_tok_per_s": statistics.median(side_tps) if side_tps else None,
+        "failed": failed + sum(not x.ok for x in side_all) + len(complete) - parsed,
+        "errors": common.errors([*side_all]),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    return common.run_scenario(args, sys.modules[__name__])

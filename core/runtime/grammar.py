@@ -1,0 +1,141 @@
+"""Grammar-constrained sampling (GBNF, llama.cpp's grammar sampler) over a full logits row.
+
+llama.cpp's grammar sampler checks a candidate token by matching its text against the
+grammar's parse stacks: ~0.3 us a token, so masking the whole 262,144-token row costs
+50-100 ms here, far more than a tick. As llama.cpp's common sampler does, the token is first
+drawn without the grammar and kept when the grammar accepts it (one check); only otherwise is
+the row masked, and then only as far as needed: the row's best tokens in growing slices
+(64, 1,024, 16,384, all) until ``top_k`` of them pass (greedy: one), so the top-k of the
+allowed tokens is what a whole-row mask would give, or until the tokens not yet checked are
+all too unlikely to be drawn (under the best allowed token's by min-p's ratio, or together
+under 1e-4 of it without min-p): without that, a grammar allowing fewer than ``top_k``
+tokens (a quote, a brace) scans the whole row at every such step. The rest of the chain (bias,
+penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+
+import llama_cpp as ll
+import numpy as np
+
+from uma_serve.core.runtime import SamplingParams
+from uma_serve.core.sampling import TokenSampler
+
+SLICES = (64, 1024, 16384)
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class GrammarError(ValueError):
+    """The GBNF text does not parse (llama.cpp logs the reason)."""
+
+
+def parse_grammar(vocab: ll.llama_vocab_p, text: str) -> ll.llama_sampler_p:
+    """A llama.cpp grammar sampler for ``text`` (root rule ``root``), or GrammarError."""
+    sampler = ll.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+    if not sampler:
+        raise GrammarError("the grammar does not parse as GBNF with a 'root' rule")
+    return sampler
+
+
+def json_schema_gbnf(schema: dict) -> str:
+    """GBNF for a JSON schema by llama-cpp-python's converter (for tools such as the bench;
+    the gateway converts without loading libllama, gateway/gbnf.py)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    return json_schema_to_gbnf(json.dumps(schema))
+
+
+def check_grammar(vocab: ll.llama_vocab_p, text: str) -> None:
+    ll.llama_sampler_free(parse_grammar(vocab, text))
+
+
+class GrammarSampler:
+    """One session's constrained sampler: a grammar sampler plus the numpy chain."""
+
+    def __init__(
+        self,
+        vocab: ll.llama_vocab_p,
+        text: str,
+        params: SamplingParams,
+        default_seed: int,
+        eog: tuple[int, ...] = (),
+    ) -> None:
+        self._grammar: ll.llama_sampler_p | None = parse_grammar(vocab, text)
+        # end-of-generation tokens are always checked first: once the grammar is complete
+        # they are all it allows, and they are rarely among the row's best
+        self._eog = np.array(eog, dtype=np.int64)
+        self.inner = TokenSampler(params, default_seed)
+        self.masked = 0  # tokens that needed a mask (the unconstrained draw was refused)
+
+    def free(self) -> None:
+        if self._grammar is not None:
+            ll.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+    def __del__(self) -> None:
+        self.free()
+
+    def _apply(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The grammar's verdict on candidates: a bool mask of the allowed ones."""
+        data = np.empty(len(ids), dtype=_TOKEN_DATA)
+        data["id"], data["logit"], data["p"] = ids, logits, 0.0
+        arr = ll.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+            size=len(ids),
+            selected=-1,
+            sorted=False,
+        )
+        ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        return np.isfinite(data["logit"])
+
+    def sample(self, logits: np.ndarray) -> int:
+        """The next token from a full row (modified in place, as TokenSampler does)."""
+        inner = self.inner
+        inner._apply_bias(logits)
+        inner._apply_penalties(logits)
+        p = inner.p
+        token = int(np.argmax(logits)) if p.temperature <= 0.0 else inner._draw(logits)
+        if not self._apply(np.array([token]), logits[[token]])[0]:
+            self.masked += 1
+            ids, cand = self._allowed(logits)
+            token = inner.sample_candidates(ids, cand)  # accepts into the history
+        else:
+            inner.accept(token)
+        ll.llama_sampler_accept(self._grammar, token)
+        return token
+
+    def _allowed(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The allowed candidates among the row's best, in growing slices, until the slice
+        holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row), so they hold
+        the allowed top-k exactly. EOG tokens are checked with the first slice."""
+        p = self.inner.p
+        n = len(logits)
+        need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
+        # below the best allowed token by more than this, a token cannot be drawn: min-p would
+        # drop it; without min-p, all the unchecked tokens together would hold under 1e-4 of
+        # the best one's probability
+        temp = max(p.temperature, 1e-6)
+        cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
+        checked = np.zeros(n, dtype=bool)
+        ok: list[np.ndarray] = []
+        cands = self._eog
+        for size in (*[s for s in SLICES if s < n], n):
+            top = np.argpartition(logits, n - size)[n - size :] if size < n else np.arange(n)
+            cands = np.concatenate([cands, top])
+            cands = np.unique(cands[~checked[cands]])
+            checked[cands] = True
+            ok.append(cands[self._apply(cands, logits[cands])])
+            allowed = np.concatenate(ok)
+            floor = float(logits[top].min())  # every unchecked token is at or below it
+            if size >= n or int((logits[allowed] >= floor).sum()) >= need:
+                break
+            if len(allowed) and floor < float(logits[allowed].max()) + cut:
+                break  # the unchecked tokens are all too unlikely to be drawn
+            cands = np.empty(0, dtype=np.int64)
+        if not len(allowed):  # nothing allowed: a broken grammar
+            raise GrammarError("the grammar allows no token here")
+        return allowed.astype(np.int32), logits[allowed].astype(np.float32)

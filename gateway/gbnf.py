@@ -1,0 +1,141 @@
+"""OpenAI's ``response_format`` and forced tool calls as GBNF grammars for the core.
+
+JSON schemas are converted by llama-cpp-python's converter (llama_cpp/llama_grammar.py, pure
+Python). That module is loaded from its file on its own: importing the ``llama_cpp`` package
+would load libllama into the gateway, which only speaks the socket protocol.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from uma_serve.gateway.errors import ApiError, bad_request
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+MAX_PARALLEL_CALLS = 4  # calls one forced answer may hold (parallel_tool_calls)
+# any JSON object; whitespace kept to one optional space so a model cannot run away in it
+JSON_OBJECT = r"""root ::= object
+value ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= " "?
+"""
+
+
+_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
+@cache
+def _converter_module() -> ModuleType:
+    spec = importlib.util.find_spec("llama_cpp")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise ApiError(500, "llama_cpp's JSON-schema converter is not installed", "server_error")
+    path = Path(next(iter(spec.submodule_search_locations))) / "llama_grammar.py"
+    mod_spec = importlib.util.spec_from_file_location("_uma_llama_grammar", path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+def _convert(schema: Any, root: str, param: str) -> Any:
+    """A SchemaConverter that has visited ``schema`` as rule ``root``."""
+    mod = _converter_module()
+    conv = mod.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    try:
+        if not isinstance(schema, dict):
+            raise ValueError("a JSON schema must be an object")
+        conv.visit(conv.resolve_refs(schema, "request"), root)
+    except Exception as exc:  # noqa: BLE001 (the converter raises bare Exceptions)
+        raise bad_request(f"unsupported JSON schema: {exc}", param, "invalid_value") from None
+    return conv
+
+
+_DEFS = ("$defs", "definitions")
+
+
+def _hoisted(schema: Any, prefix: str, defs: dict[str, Any]) -> Any:
+    """``schema`` (a function's parameters) with its local definitions moved into ``defs``
+    under ``prefix``-ed names and its ``$ref``s rewritten to them: several functions' own
+    ``#/$defs/...`` then live in one document without clashing (the converter names a
+    definition's rule by its name alone)."""
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: rewrite(v) for k, v in node.items() if k not in _DEFS or node is not schema}
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            for key in _DEFS:
+                if ref.startswith(f"#/{key}/"):
+                    out["$ref"] = f"#/$defs/{prefix}{ref[len(key) + 3 :]}"
+        return out
+
+    if isinstance(schema, dict):
+        for key in _DEFS:
+            for name, sub in (schema.get(key) or {}).items():
+                defs[f"{prefix}{name}"] = rewrite(sub)
+    return rewrite(schema)
+
+
+def _format(conv: Any) -> str:
+    """The grammar's text; JSON strings may not hold raw control characters (the converter's
+    ``char`` allows them, and JSON parsers refuse them)."""
+    return conv.format_grammar().replace(_CHAR, _JSON_CHAR)
+
+
+def json_schema_grammar(schema: Any, param: str = "response_format") -> str:
+    """GBNF whose language is the JSON documents ``schema`` accepts (as llama.cpp converts)."""
+    return _format(_convert(schema, "", param))
+
+
+def call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    """One call's JSON: ``{"name": <the name>, "arguments": <its parameters' schema>}``."""
+    params = function.get("parameters") or {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:
+    """GBNF forcing a tool call (or up to MAX_PARALLEL_CALLS of them) in the documented
+    format (docs/GATEWAY.md "Tool calls"), each to one of ``functions``."""
+    defs: dict[str, Any] = {}
+    schemas = []
+    for i, f in enumerate(functions):
+        # each function's "#/$defs/..." refers to its own parameters, not to this wrapper
+        params = _hoisted(f.get("parameters"), f"fn{i}-", defs)
+        schemas.append(call_schema({**f, "parameters": params}))
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    conv = _convert(schema, "call", "tools")
+    block = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
+    more = f' ("\\n" {block}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
+    conv._add_rule("root", f"{block}{more}")
+    return _format(conv)
+
+
+def tools_block(tools: list[dict[str, Any]]) -> str:
+    """The fallback prompt's list of tools and the call format (docs/GATEWAY.md)."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "You may call functions. Their JSON schemas:\n"
+        f"<tools>\n{listed}\n</tools>\n"
+        "To call one, answer with one block per call and nothing else:\n"
+        f'{TOOL_OPEN}\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n'
+        f"{TOOL_CLOSE}"
+    )

@@ -1,0 +1,144 @@
+"""Tool calls in the model's output: the documented block format, parsed as text arrives.
+
+A call is ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (docs/GATEWAY.md
+"Tool calls"); forced calls are grammar-constrained to it, ``auto`` answers are parsed when
+they hold it. One incremental parser serves both the stream (OpenAI's ``delta.tool_calls``:
+the id, type and name first, then the arguments in pieces, as the SDK assembles them) and
+the whole answer (the same parser fed everything at once), so both carry the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from uma_serve.gateway.gbnf import TOOL_CLOSE, TOOL_OPEN
+
+_NAME = r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"'
+_HEAD = re.compile(
+    r"\s*" + re.escape(TOOL_OPEN) + r"\s*\{\s*" + _NAME + r'\s*,\s*"arguments"\s*:\s*'
+)
+_TAIL = re.compile(r"\s*\}\s*" + re.escape(TOOL_CLOSE))
+
+
+@dataclass
+class Call:
+    id: str
+    name: str
+    arguments: str = ""
+
+    def message_dict(self) -> dict[str, Any]:
+        fn = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": fn}
+
+
+@dataclass
+class ToolCallParser:
+    """Splits a choice's text into content and tool calls. Modes: ``text`` (plain content,
+    no call parsed), ``wait`` (not yet known whether a call starts), ``head`` (a call's
+    header being read), ``args`` (its arguments, streamed), ``tail`` (after them)."""
+
+    forced: bool = False  # the grammar guarantees calls: nothing is content
+    calls: list[Call] = field(default_factory=list)
+    mode: str = "wait"
+    buf: str = ""
+    _depth: int = 0
+    _in_str: bool = False
+    _esc: bool = False
+    _started: bool = False
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """The deltas this text makes: ``{"content": s}`` or a ``tool_calls`` entry."""
+        out: list[dict[str, Any]] = []
+        self.buf += text
+        while self.buf:
+            before = (self.mode, len(self.buf))
+            self._step(out)
+            if (self.mode, len(self.buf)) == before:
+                break  # needs more text
+        return out
+
+    def _step(self, out: list[dict[str, Any]]) -> None:
+        if self.mode == "text":
+            out.append({"content": self.buf})
+            self.buf = ""
+        elif self.mode in ("wait", "tail"):
+            stripped = self.buf.lstrip()
+            if stripped.startswith(TOOL_OPEN):
+                self.mode = "head"
+            elif not TOOL_OPEN.startswith(stripped) and self.mode == "wait" and not self.forced:
+                self.mode = "text"
+            elif self.mode == "tail" and not TOOL_OPEN.startswith(stripped):
+                self.buf = ""  # stray text after the calls: not content of a call answer
+        elif self.mode == "head":
+            m = _HEAD.match(self.buf)
+            if m:
+                name = json.loads(f'"{m.group(1)}"')
+                call = Call(f"call_{uuid.uuid4().hex[:24]}", name)
+                self.calls.append(call)
+                out.append(self._delta(call, {"name": name, "arguments": ""}, first=True))
+                self.buf = self.buf[m.end() :]
+                self.mode, self._depth, self._started = "args", 0, False
+        elif self.mode == "args":
+            if not self._started:  # the value's leading space is no part of it
+                self.buf = self.buf.lstrip()
+            n = self._value_end(self.buf)
+            piece, rest = (self.buf, "") if n is None else (self.buf[:n], self.buf[n:])
+            if piece:
+                self.calls[-1].arguments += piece
+                out.append(self._delta(self.calls[-1], {"arguments": piece}))
+            self.buf = rest
+            if n is not None:
+                self.mode = "close"
+        if self.mode == "close":
+            m = _TAIL.match(self.buf)
+            if m:
+                self.buf, self.mode = self.buf[m.end() :], "tail"
+
+    def _value_end(self, text: str) -> int | None:
+        """Where the arguments' JSON value ends in ``text`` (None: not yet), tracking nesting
+        and strings across calls."""
+        for i, ch in enumerate(text):
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif ch == "\\":
+                    self._esc = True
+                elif ch == '"':
+                    self._in_str = False
+                    if self._depth == 0:
+                        return i + 1
+            elif ch == '"':
+                self._in_str, self._started = True, True
+            elif ch in "{[":
+                self._depth, self._started = self._depth + 1, True
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    return i + 1
+            elif ch.isspace() and not self._started:
+                continue
+        return None
+
+    def _delta(self, call: Call, fn: dict[str, str], first: bool = False) -> dict[str, Any]:
+        entry: dict[str, Any] = {"index": self.calls.index(call), "function": fn}
+        if first:
+            entry.update(id=call.id, type="function")
+        return {"tool_calls": [entry]}
+
+    def finish(self) -> list[dict[str, Any]]:
+        """At the end: text held back while a call might have started becomes content
+        (``auto``: it was no call after all)."""
+        if self.mode in ("wait", "head") and self.buf and not self.calls and not self.forced:
+            text, self.buf = self.buf, ""
+            return [{"content": text}]
+        return []
+
+    @property
+    def complete_calls(self) -> list[Call]:
+        """The calls whose arguments ended (a call cut short by max_tokens is not one)."""
+        done = self.calls if self.mode in ("tail", "close") else self.calls[:-1]
+        return done if self.mode != "text" else []
