@@ -252,7 +252,7 @@ async def _generate(request: Request, kind: type) -> Response:
             text = req.prompt_text
             check_prompt_size(len(text.encode()), info, "prompt")
             max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
-            gen = p.Generate(
+            gen = generate_request(
                 id=rid,
                 prompt=text,
                 max_tokens=max_tokens,
@@ -269,7 +269,7 @@ async def _generate(request: Request, kind: type) -> Response:
             param = req.max_tokens_param
             default = min(state.settings.default_max_tokens, info.max_tokens)
             max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
-            gen = p.Generate(
+            gen = generate_request(
                 id=rid,
                 messages=[p.Message(**m) for m in messages],
                 max_tokens=max_tokens,
@@ -291,6 +291,17 @@ async def _generate(request: Request, kind: type) -> Response:
     finally:
         if not handed_off:
             release()
+
+
+def generate_request(**fields: Any) -> p.Generate:
+    """The core request; what the protocol refuses in a field's text (a NUL byte) is the
+    client's 400, naming the field, not a gateway error."""
+    try:
+        return p.Generate(**fields)
+    except ValueError as exc:
+        message = str(exc)
+        param = message.split("'")[1] if message.count("'") >= 2 else None
+        raise ApiError(400, message, param=param, code="invalid_value") from None
 
 
 async def _run_whole(request: Request, job: Job) -> dict[str, Any]:

@@ -174,6 +174,21 @@ def test_bad_logit_bias(sdk, model_id, bias, words):
             assert err.value.code == "invalid_value"  # OpenAI's, not a core code
 
 
+def test_nul_byte_is_a_400_naming_the_field(sdk, model_id):
+    """A NUL would cut the text short in llama.cpp's tokenizer: the client's error, not ours."""
+    calls = {
+        "prompt": lambda: sdk.completions.create(model=model_id, prompt="a\x00b", max_tokens=2),
+        "messages[0].content": lambda: sdk.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "\x00"}], max_tokens=2
+        ),
+    }
+    for param, call in calls.items():
+        with pytest.raises(openai.BadRequestError) as err:
+            call()
+        assert err.value.param == param and err.value.code == "invalid_value"
+        assert "NUL" in str(err.value.message)
+
+
 def test_unknown_model(sdk):
     with pytest.raises(openai.NotFoundError) as err:
         sdk.completions.create(model="gpt-17", prompt="hi", max_tokens=4)
