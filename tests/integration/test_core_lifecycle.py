@@ -141,8 +141,9 @@ def test_admin_flood_without_reading_is_bounded_then_closed(small_daemon) -> Non
     assert events[-1].id is None  # nothing was in flight on it
     answered = sum(isinstance(e, p.MetricsEvent) for e in events)
     assert 0 < answered < 20000
-    # the 64 KiB bound, plus what the kernel's socket buffers held: far below 60 MB
-    assert received < 4 << 20
+    # the 64 KiB bound, plus what the kernel's socket buffers held and the answers to the
+    # requests already read when the bound was passed (4-5 MB seen): far below 60 MB
+    assert received < 8 << 20
     with small_daemon.client() as c:
         assert c.health().status == "ok"
 
