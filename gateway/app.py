@@ -18,7 +18,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from uma_serve.gateway import routes
+from uma_serve.gateway import info_routes, routes
 from uma_serve.gateway.auth import AuthMiddleware
 from uma_serve.gateway.drain import Drain
 from uma_serve.gateway.errors import (
@@ -53,12 +53,12 @@ class Settings:
 ROUTES = [
     Route("/v1/completions", routes.completions, methods=["POST"]),
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-    Route("/v1/models", routes.list_models, methods=["GET"]),
-    Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
-    Route("/tokenize", routes.tokenize, methods=["POST"]),
-    Route("/detokenize", routes.detokenize, methods=["POST"]),
-    Route("/health", routes.health, methods=["GET"]),
-    Route("/metrics", routes.metrics, methods=["GET"]),
+    Route("/v1/models", info_routes.list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", info_routes.get_model, methods=["GET"]),
+    Route("/tokenize", info_routes.tokenize, methods=["POST"]),
+    Route("/detokenize", info_routes.detokenize, methods=["POST"]),
+    Route("/health", info_routes.health, methods=["GET"]),
+    Route("/metrics", info_routes.metrics, methods=["GET"]),
 ]
 KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
 

@@ -1,4 +1,4 @@
-"""OpenAI routes: completions, chat completions, models; plus /health and /metrics.
+"""The generation routes: completions and chat completions (the others: gateway/info_routes.py).
 
 Each generation route: refuse a body that is not JSON (415: a page's form or text/plain POST
 needs no CORS preflight), read the body under the size limit (413) and its deadline (408),
@@ -15,7 +15,6 @@ import time
 import uuid
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -345,142 +344,3 @@ async def _start_stream(request: Request, job: Job, on_close: Any, stop: Any = N
         request.app.state.metrics.added_latency.observe(gateway_s)
 
     return sse_response(job, first, events, on_close, on_first_sent=observe, stop=stop)
-
-
-async def fresh_core_infos(request: Request) -> list[p.InfoEvent]:
-    """The cores' info asked now, not the cache: the model list answers 503 while no core
-    is up instead of naming a model nobody serves."""
-    try:
-        return await request.app.state.pool.fresh_infos()
-    except CoreError as exc:
-        raise from_core_error(exc) from None
-
-
-def _distinct_models(infos: list[p.InfoEvent]) -> list[p.InfoEvent]:
-    return list({info.model: info for info in infos}.values())
-
-
-async def list_models(request: Request) -> Response:
-    infos = _distinct_models(await fresh_core_infos(request))
-    return JSONResponse({"object": "list", "data": [_model_card(i, request) for i in infos]})
-
-
-async def get_model(request: Request) -> Response:
-    infos = _distinct_models(await fresh_core_infos(request))
-    name = request.path_params["model"]
-    info = next((i for i in infos if i.model == name), infos[0])
-    check_model(name, info)
-    return JSONResponse(_model_card(info, request))
-
-
-def _model_card(info: p.InfoEvent, request: Request) -> dict[str, Any]:
-    return {
-        "id": info.model,
-        "object": "model",
-        "created": int(request.app.state.started),
-        "owned_by": "uma-serve",
-        "max_model_len": info.n_ctx_per_seq,
-    }
-
-
-async def _small_body(request: Request, kind: type) -> Any:
-    settings = request.app.state.settings
-    check_json_body(request)
-    try:
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-    except ClientGone:
-        return None
-    req = schema.decode(body, kind)
-    if req.model is not None:
-        check_model(req.model, await core_info(request))
-    return req
-
-
-async def tokenize(request: Request) -> Response:
-    """llama-server's /tokenize: ``{"tokens": [ids]}``, or with ``with_pieces``
-    ``{"tokens": [{"id", "piece"}]}`` (a piece that is not valid UTF-8 alone: its bytes)."""
-    req = await _small_body(request, schema.TokenizeRequest)
-    if req is None:
-        return Response(status_code=499)
-    flags = {"add_special": req.add_special, "parse_special": req.parse_special}
-    try:
-        ev = await request.app.state.pool.tokenize(
-            req.content, with_pieces=req.with_pieces, **flags
-        )
-    except CoreError as exc:
-        raise from_core_error(exc, "content") from None
-    if ev.pieces is None:
-        return JSONResponse({"tokens": ev.tokens})
-    tokens = [{"id": t, "piece": s} for t, s in zip(ev.tokens, ev.pieces, strict=True)]
-    return JSONResponse({"tokens": tokens})
-
-
-async def detokenize(request: Request) -> Response:
-    """llama-server's /detokenize: ``{"content": text}``."""
-    req = await _small_body(request, schema.DetokenizeRequest)
-    if req is None:
-        return Response(status_code=499)
-    try:
-        content = await request.app.state.pool.detokenize(req.tokens)
-    except CoreError as exc:
-        err = from_core_error(exc, "tokens")
-        if exc.code == p.E_PROTO:
-            err.param, err.code = "tokens", "invalid_value"
-        raise err from None
-    return JSONResponse({"content": content})
-
-
-def _not_ok_reason(status: str) -> str:
-    if status == "draining":
-        return "the core is draining (shutting down)"
-    return "the core's engine has stopped: restart umad"
-
-
-async def health(request: Request) -> Response:
-    """200 when a core answers ``health`` with ok; 503 with the reason otherwise. With
-    several cores, ``core`` sums their queues and ``cores`` gives each one's state."""
-    results = await request.app.state.pool.healths()
-    ok = [h for _, h in results if isinstance(h, p.HealthEvent) and h.status == "ok"]
-    answered = [h for _, h in results if isinstance(h, p.HealthEvent)]
-    body: dict[str, Any] = {
-        "status": "ok" if ok else "unavailable",
-        "core": {
-            "active_sessions": sum(h.active_sessions for h in answered),
-            "waiting_sessions": sum(h.waiting_sessions for h in answered),
-        },
-    }
-    if len(results) == 1:
-        h = results[0][1]
-        if isinstance(h, CoreError):
-            return JSONResponse({"status": "unavailable", "reason": h.message}, status_code=503)
-        if h.status != "ok":
-            body["status"], body["reason"] = h.status, _not_ok_reason(h.status)
-        return JSONResponse(body, status_code=200 if ok else 503)
-    cores = []
-    for core, h in results:
-        if isinstance(h, CoreError):
-            cores.append({"core": core.name, "status": "unavailable", "reason": h.message})
-            continue
-        one = {
-            "core": core.name,
-            "status": h.status,
-            "active_sessions": h.active_sessions,
-            "waiting_sessions": h.waiting_sessions,
-        }
-        if h.status != "ok":
-            one["reason"] = _not_ok_reason(h.status)
-        cores.append(one)
-    body["cores"] = cores
-    if not ok:
-        body["reason"] = "no core is available"
-    return JSONResponse(body, status_code=200 if ok else 503)
-
-
-async def metrics(request: Request) -> Response:
-    """Prometheus text; the cores' part comes from one snapshot of each taken now."""
-    state = request.app.state
-    snapshots = await state.pool.snapshots(5.0)
-    # No await between setting the snapshots and rendering: concurrent scrapes cannot mix.
-    state.metrics.core.set_snapshots(snapshots)
-    data = generate_latest(state.metrics.registry)
-    return Response(data, media_type=CONTENT_TYPE_LATEST)

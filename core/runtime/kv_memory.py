@@ -1,0 +1,95 @@
+"""A sequence's KV cells in llama.cpp's unified cache: clear, trim, share (tag), save and
+restore; each mirrored on the sequence's shadow id where the runtime keeps shadows (the
+sliding-window layers' cells a prefix reuse needs: core/runtime/runtime.py)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import llama_cpp as ll
+
+from uma_serve.core.runtime.params import RuntimeParams
+
+
+class KvMemory:
+    """Part of Runtime: the KV memory operations over its context."""
+
+    ctx: Any
+    memory: Any
+    params: RuntimeParams
+    _n_ids: int
+    _shadowed: list[int]
+
+    def seq_clear(self, seq_id: int) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+        if self.params.shadow:
+            ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, -1, -1)
+            self._shadowed[seq_id] = 0
+
+    def seq_trim(self, seq_id: int, from_pos: int) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)
+        if self.params.shadow:
+            ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, from_pos, -1)
+            self._shadowed[seq_id] = min(self._shadowed[seq_id], from_pos)
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        """Positions [0, n) of ``src`` also become ``dst``'s. In a unified KV cache this tags
+        the same cells with one more sequence id: no copy, no compute."""
+        ll.llama_memory_seq_cp(self.memory, src, dst, 0, n)
+        if self.params.shadow:
+            ll.llama_memory_seq_cp(self.memory, src, dst + self._n_ids, 0, n)
+            self._shadowed[dst] = max(self._shadowed[dst], n)
+
+    def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool:
+        """Write one sequence's KV (and its token list) to ``path``."""
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        n = ll.llama_state_seq_save_file(self.ctx, path.encode(), seq_id, arr, len(tokens))
+        return n > 0
+
+    def seq_load(self, path: str, seq_id: int, capacity: int) -> list[int] | None:
+        """Read a sequence saved by seq_save into ``seq_id``; its tokens, or None."""
+        arr = (ll.llama_token * capacity)()
+        count = ctypes.c_size_t(0)
+        n = ll.llama_state_seq_load_file(
+            self.ctx, path.encode(), seq_id, arr, capacity, ctypes.byref(count)
+        )
+        if n == 0:
+            return None
+        tokens = list(arr[: count.value])
+        if self.params.shadow:
+            ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, 0, len(tokens))
+            self._shadowed[seq_id] = len(tokens)
+        return tokens
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """One sequence's KV cells (positions and K/V of every layer) as bytes."""
+        size = ll.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = bytearray(size)
+        n = ll.llama_state_seq_get_data(
+            self.ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id
+        )
+        return bytes(memoryview(buf)[:n])
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        """Put bytes from seq_state back as ``seq_id``'s cells: one contiguous run of cells
+        from the first free one that fits, in position order."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if ll.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == 0:
+            return False
+        if self.params.shadow:
+            n = self.seq_pos_max(seq_id) + 1
+            ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, 0, n)
+            self._shadowed[seq_id] = n
+        return True
+
+    def clear_all(self) -> None:
+        """Free every cell of every sequence (metadata only: the next writes overwrite)."""
+        ll.llama_memory_clear(self.memory, False)
+        self._shadowed = [0] * self._n_ids
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return ll.llama_memory_seq_pos_max(self.memory, seq_id)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return ll.llama_memory_seq_pos_min(self.memory, seq_id)
