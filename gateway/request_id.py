@@ -5,6 +5,7 @@ fresh one."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,13 +25,23 @@ class RequestIdMiddleware:
         given = dict(scope.get("headers") or []).get(HEADER, b"")
         fallback = given[:200] if given.isascii() and given else f"req-{uuid.uuid4().hex}".encode()
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers") or [])
-                if not any(k.lower() == HEADER for k, _ in headers):
-                    rid = (scope.get("state") or {}).get("request_id")
-                    headers.append((HEADER, rid.encode() if rid else fallback))
-                    message = {**message, "headers": headers}
-            await send(message)
+        def request_id() -> bytes:
+            rid = (scope.get("state") or {}).get("request_id")
+            return rid.encode() if rid else fallback
 
-        await self.app(scope, receive, send_with_id)
+        await self.app(scope, receive, with_header(send, HEADER, request_id))
+
+
+def with_header(send: Send, name: bytes, value: Callable[[], bytes | None]) -> Send:
+    """``send`` that adds ``name: value()`` to the response's head, unless the app set it or
+    ``value()`` is None (read when the head is sent: the route has run by then)."""
+
+    async def send_with_header(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers") or [])
+            v = value()
+            if v is not None and not any(k.lower() == name for k, _ in headers):
+                message = {**message, "headers": [*headers, (name, v)]}
+        await send(message)
+
+    return send_with_header

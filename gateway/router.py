@@ -30,12 +30,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.core_pool import CorePool
 from uma_serve.gateway.errors import E_CONNECT
+from uma_serve.gateway.request_id import with_header
 
 log = logging.getLogger("uma.gateway")
 
@@ -81,14 +82,11 @@ class RouteMiddleware:
         note = RouteNote(session=session.decode("latin-1") if session else None)
         token = NOTE.set(note)
 
-        async def send_with_core(message: Message) -> None:
-            if message["type"] == "http.response.start" and note.core is not None:
-                headers = [*message.get("headers", []), (CORE_HEADER, note.core.encode())]
-                message = {**message, "headers": headers}
-            await send(message)
+        def core() -> bytes | None:
+            return note.core.encode() if note.core is not None else None
 
         try:
-            await self.app(scope, receive, send_with_core)
+            await self.app(scope, receive, with_header(send, CORE_HEADER, core))
         finally:
             NOTE.reset(token)
 

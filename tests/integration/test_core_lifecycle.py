@@ -40,6 +40,14 @@ def small_daemon(tmp_path_factory):
     daemon.stop()
 
 
+def wait_for_log(daemon, text: str, timeout: float = 60) -> None:
+    """Until the daemon's log has ``text`` (a state it logs as it enters it)."""
+    deadline = time.monotonic() + timeout
+    while text not in daemon.log():
+        assert time.monotonic() < deadline, f"the daemon never logged {text!r}"
+        time.sleep(0.05)
+
+
 def test_stale_socket_replaced_and_mode_0600(small_daemon) -> None:
     mode = stat.S_IMODE(os.stat(small_daemon.socket).st_mode)
     assert mode == 0o600
@@ -175,10 +183,7 @@ def test_sigterm_drain_lets_running_requests_finish_and_refuses_new_ones(tmp_pat
         s.sendall(p.encode(gen(f"Story {i}:", id=f"run{i}", max_tokens=60, ignore_eos=True)))
     assert isinstance(read_event(s), p.TokenEvent)
     daemon.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while "draining" not in daemon.log():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_log(daemon, "draining")
     late = raw_socket(daemon.socket)  # new connections are still accepted during the drain
     late.sendall(p.encode(p.HealthRequest(type="health", id="h")))
     health = read_event(late)
@@ -210,10 +215,7 @@ def test_second_sigterm_ends_the_drain_at_once(tmp_path) -> None:
     s.sendall(p.encode(gen("A very long story:", id="long", max_tokens=2000, ignore_eos=True)))
     assert isinstance(read_event(s), p.TokenEvent)
     daemon.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while "draining" not in daemon.log():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_log(daemon, "draining")
     daemon.proc.send_signal(signal.SIGTERM)
     final = None
     while (ev := read_event(s)) is not None:
