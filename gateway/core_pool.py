@@ -129,11 +129,14 @@ class CorePool:
             client = await self.client()
             got_any = False
             try:
-                async with aclosing(client.stream(request)) as events:
-                    async for event in events:
-                        got_any = True
-                        yield event
-                return
+                try:
+                    async with aclosing(client.stream(request)) as events:
+                        async for event in events:
+                            got_any = True
+                            yield event
+                    return
+                except ConnectionError as lost:  # a write to a core that went away
+                    raise CoreError(p.E_IO, f"connection to the core lost ({lost})") from None
             except CoreError as exc:
                 if got_any or attempt == 1 or exc.code != p.E_IO or not client.closed:
                     raise
