@@ -1,7 +1,7 @@
 """engine: daemon over the socket vs a bare in-process llama_decode loop, N streams, one run.
 
-The bare loop decodes N sequences one batch per step and samples each with llama.cpp's
-per-sequence sampler chain (greedy). The daemon runs as configured (by default: its batched
+The bare loop decodes N sequences one batch per step and takes each row's argmax (greedy:
+the least a Python loop can do). The daemon runs as configured (by default: its batched
 sampling, its policy, and prompt-lookup speculation where the policy finds it pays; the
 summary counts the drafted and accepted tokens). The figure is aggregate decode tokens/s while
 all N streams decode. With ``--umad-arg=--spec-draft=0`` the ratio daemon/bare is what the
@@ -39,15 +39,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) -> float:
     """Prefill n prompts, then decode n streams for ``tokens`` steps; return decode tokens/s.
     ``ticks`` (if given) gets (wall ms, decode ms) of each step."""
-    from uma_serve.core.runtime import SamplingParams, Span
+    import numpy as np
+
+    from uma_serve.core.runtime import Span
+
+    def greedy(row: int) -> int:
+        return int(np.argmax(runtime.logits_row(row)))
 
     prompts = [runtime.tokenize(PROMPT.format(topic=TOPICS[i])) for i in range(n)]
-    samplers = [runtime.new_sampler(SamplingParams(temperature=0.0), 0) for _ in range(n)]
     for seq in range(n):
         runtime.seq_clear(seq)
     rc, rows = runtime.decode([Span(i, 0, prompts[i], True) for i in range(n)])
     assert rc == 0
-    nxt = [runtime.sample(samplers[i], rows[i]) for i in range(n)]
+    nxt = [greedy(rows[i]) for i in range(n)]
     pos = [len(x) for x in prompts]
     t0 = time.perf_counter()
     for _ in range(tokens):
@@ -57,13 +61,11 @@ def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) ->
         assert rc == 0
         for i in range(n):
             pos[i] += 1
-            nxt[i] = runtime.sample(samplers[i], rows[i])
+            nxt[i] = greedy(rows[i])
             runtime.piece(nxt[i])
         if ticks is not None:
             ticks.append(((time.perf_counter() - t1) * 1e3, (t2 - t1) * 1e3))
     elapsed = time.perf_counter() - t0
-    for s in samplers:
-        s.free()
     for seq in range(n):
         runtime.seq_clear(seq)
     return n * tokens / elapsed

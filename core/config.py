@@ -20,7 +20,10 @@ from uma_serve.core.config_options import OPTIONS
 
 log = logging.getLogger("uma.config")
 
-SAMPLERS = ("auto", "numpy", "llama", "backend", "backend-topk")
+SAMPLERS = ("auto", "numpy", "backend-topk")
+# --sampler values an older release had (llama.cpp's own chain, on the host or in the graph):
+# slower in every measurement (docs/BENCHMARKS.md), read as auto with a warning
+REMOVED_SAMPLERS = ("llama", "backend")
 SPLIT_MODES = ("none", "layer", "row")
 # keys of the original design's YAML example that no option reads any more: accepted with a
 # warning, so that example still loads (any other unknown key stays an error)
@@ -186,6 +189,9 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid configuration value: {exc}") from None
     typed.update(_split_policy(typed))
+    if typed.get("sampler") in REMOVED_SAMPLERS:
+        log.warning("--sampler %s was removed (no measured use): read as auto", typed["sampler"])
+        typed["sampler"] = "auto"
     config = Config(**typed)
     validate(config)
     return config

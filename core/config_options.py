@@ -120,12 +120,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "scheduler.reserved_interactive_seqs",
     ),
     "sampler": (
-        "token sampling: numpy (argmax / partial selection on the logits rows, no copy), "
-        "llama (llama.cpp's sampler chain per sequence), backend (that chain run inside the "
-        "decode graph: only token ids reach the host, but each request costs a graph "
-        "reservation), backend-topk (a top-64 inside the graph, the rest of the chain in numpy "
-        "on 64 candidates), auto (backend-topk when layers run on a GPU, else numpy: the "
-        "faster in our measurements, docs/BENCHMARKS.md)",
+        "where each row's sampling candidates come from: numpy (the whole logits row, read on "
+        "the host without a copy), backend-topk (a top-64 kept inside the decode graph; a "
+        "request that needs its whole row, e.g. with penalties, a grammar or logprobs, reads "
+        "it), auto (backend-topk when layers run on a GPU, else numpy: the faster in our "
+        "measurements, docs/BENCHMARKS.md); the chain after that is the same",
         "scheduler.sampler",
     ),
     "prefix_cache_tokens": (

@@ -75,7 +75,7 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
         deterministic=det,
         flash_attn=1 if det else -1,
         # backend sampling: room for speculative verification's 1 + drafts outputs
-        max_outputs_per_seq=spec_draft + 1 if sampler.startswith("backend") else 0,
+        max_outputs_per_seq=spec_draft + 1 if sampler == "backend-topk" else 0,
         device_top_k=cfg.DEVICE_TOP_K if sampler == "backend-topk" else 0,
     )
 
@@ -130,7 +130,6 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         seed=config.seed,
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
-        sampler=sampler,
         prefix_cache_tokens=config.prefix_cache_tokens
         if runtime.params.n_seq_cache or runtime.params.deterministic
         else 0,

@@ -1,14 +1,17 @@
-"""Token sampling straight from llama.cpp's logits rows, without vocabulary-sized candidate
-arrays where none is needed.
+"""The sampling chain, batched: llama.cpp's order and maths over many rows at once.
 
-llama.cpp's sampler chain builds a 262,144-entry candidate array per sequence and token for
-the default model (~0.3 ms here, ~0.7 ms on a GPU host's CPU). Here a row is a numpy view on
-the context's logits buffer (no copy): greedy is one argmax; top-k / top-p / min-p find their
-candidates by partial selection (argpartition) and normalise with one vectorised log-sum-exp,
-so only the candidates are ever sorted. The chain's order and maths are kept: logit bias ->
-penalties -> top-k -> top-p -> min-p -> temperature -> draw, so greedy output is token-identical to
-llama.cpp's and sampled output follows the same distribution (seeded per request with
-numpy's PCG64, so the exact draws differ from llama.cpp's mt19937).
+Every token goes through one chain: logit bias -> penalties -> top-k -> top-p -> min-p ->
+temperature -> draw, in llama.cpp's order and with its maths, so greedy output is
+token-identical to llama.cpp's and sampled output follows the same law (seeded per sequence
+with numpy's PCG64, so the draws themselves differ from llama.cpp's mt19937; the tests compare
+with llama.cpp's own chain, tests/llama_chain.py).
+
+A row enters the chain as candidates. Either the device kept each row's top-k (a GPU: only k
+logits cross to the host), or the row is a whole logits row on the host: the chain biases and
+penalises it in place, then cuts it to what can be drawn (greedy: the argmax; top-k: the k
+best; top-p alone: the tokens near the peak that hold the nucleus; else the whole row), never
+sorting the vocabulary. From there all rows are one (rows, width) array drawn with one set of
+numpy calls: 16 rows cost what 3-4 cost one by one (the calls, not the data, are the cost).
 """
 
 from __future__ import annotations
@@ -16,24 +19,42 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from uma_serve.core import protocol as p
-from uma_serve.core.runtime import SamplingParams
+from uma_serve.core.runtime.params import SamplingParams
 
-BLOCK = 512  # vocabulary block for the two-level draw over the whole row
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
 
 
-class TokenSampler:
-    """One session's sampler: its parameters, its RNG and the history penalties look at."""
+class Constraint(Protocol):
+    """What a grammar (core/runtime/grammar.py) does for the chain."""
 
-    def __init__(self, params: SamplingParams, default_seed: int) -> None:
+    def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray: ...
+    def allowed(self, row: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]: ...
+    def accept(self, token: int) -> None: ...
+    def free(self) -> None: ...
+
+
+class Candidates(NamedTuple):
+    """A row's drawable tokens: ids, their logits, and the softmax mass of the row's other
+    tokens relative to its peak (the row's top-p normaliser when the cut kept only a nucleus;
+    0 when the candidates are all the chain would keep anyway)."""
+
+    ids: np.ndarray
+    logits: np.ndarray
+    rest: float = 0.0
+
+
+class SamplerState:
+    """One sequence's sampling: its parameters, RNG, the history penalties look at, and its
+    grammar; ``full_row`` when the device's top-k cannot stand in for its logits row."""
+
+    def __init__(
+        self, params: SamplingParams, default_seed: int, grammar: Constraint | None = None
+    ) -> None:
         self.p = params
         seed = params.seed if params.seed is not None else default_seed
         self.rng = np.random.Generator(np.random.PCG64(seed))
@@ -45,167 +66,131 @@ class TokenSampler:
         )
         self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
         self.bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        self.grammar = grammar
+        self.full_row = False
 
-    def free(self) -> None:
-        """Nothing native to free (same interface as runtime.Sampler)."""
+    def needs_full_row(self, device_k: int) -> bool:
+        """True when a device top-k of ``device_k`` cannot stand in for the whole row: a bias,
+        penalties or a grammar change logits before any cut, and a wider top-k (or none)
+        needs tokens the device dropped."""
+        if self.penalized or len(self.bias_ids) or self.grammar is not None:
+            return True
+        return self.p.temperature > 0.0 and not (0 < self.p.top_k <= device_k)
 
     def accept(self, token: int) -> None:
         if self.history.maxlen:
             self.history.append(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
 
-    def _apply_bias(self, logits: np.ndarray) -> None:
-        """In place, first in the chain (as llama.cpp's common sampler and llama-server)."""
+    def free(self) -> None:
+        if self.grammar is not None:
+            self.grammar.free()
+
+    def prepare(self, row: np.ndarray) -> None:
+        """Bias then penalties, in place on a whole row (the next decode rewrites it)."""
         if len(self.bias_ids):
-            logits[self.bias_ids] += self.bias
+            row[self.bias_ids] += self.bias
+        if self.penalized and self.history:
+            ids, counts = np.unique(np.fromiter(self.history, dtype=np.int64), return_counts=True)
+            vals = row[ids]
+            prm = self.p
+            vals = np.where(vals <= 0, vals * prm.repeat_penalty, vals / prm.repeat_penalty)
+            vals -= counts * prm.frequency_penalty + prm.presence_penalty
+            row[ids] = vals
 
-    def _apply_penalties(self, logits: np.ndarray) -> None:
-        """In place on the row (the buffer is rewritten by the next decode), as llama.cpp."""
-        if not (self.penalized and self.history):
-            return
-        ids, counts = np.unique(np.fromiter(self.history, dtype=np.int64), return_counts=True)
-        vals = logits[ids]
-        p = self.p
-        vals = np.where(vals <= 0, vals * p.repeat_penalty, vals / p.repeat_penalty)
-        vals -= counts * p.frequency_penalty + p.presence_penalty
-        logits[ids] = vals
-
-    def sample(self, logits: np.ndarray) -> int:
-        self._apply_bias(logits)
-        self._apply_penalties(logits)
-        p = self.p
-        token = int(np.argmax(logits)) if p.temperature <= 0.0 else self._draw(logits)
-        self.accept(token)
-        return token
-
-    def needs_full_row(self, device_k: int) -> bool:
-        """True when a device top-k of ``device_k`` cannot stand in for the whole row: a
-        logit bias or penalties change logits before any truncation, and a wider top-k (or
-        none) when sampling needs tokens the device dropped."""
-        if self.penalized or len(self.bias_ids):
-            return True
-        return self.p.temperature > 0.0 and not (0 < self.p.top_k <= device_k)
-
-    def sample_candidates(self, ids: np.ndarray, logits: np.ndarray) -> int:
-        """The token from a device top-k (ids, logits): the chain's maths from top-k on, so
-        the same law as sampling the whole row (greedy: the same token). One row alone costs
-        half as many numpy calls here as in sample_candidates_batch."""
-        p = self.p
-        if p.temperature <= 0.0:
-            best = logits.max()
-            token = int(ids[logits == best].min())  # the row's argmax: lowest id on a tie
-        else:
-            order = np.argsort(logits)[::-1][: p.top_k if p.top_k > 0 else None]
-            ids, cand = ids[order], logits[order].astype(np.float64)
-            if p.top_p < 1.0:
-                keep = int(np.searchsorted(np.cumsum(_softmax(cand)), p.top_p) + 1)
-                ids, cand = ids[:keep], cand[:keep]
-            if p.min_p > 0.0:
-                mask = cand >= cand[0] + np.log(p.min_p)
-                ids, cand = ids[mask], cand[mask]
-            probs = _softmax(cand / p.temperature)
-            pick = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum()))
-            token = int(ids[min(pick, len(probs) - 1)])
-        self.accept(token)
-        return token
-
-    def _draw(self, logits: np.ndarray) -> int:
-        p = self.p
-        n = logits.shape[0]
-        peak = float(logits.max())
-        log_norm = None  # normaliser of the top-p probabilities: the candidates' own ...
-        if 0 < p.top_k < n:
-            ids = top_k_ids(logits, p.top_k, peak)
-        elif p.top_p < 1.0:
-            ids, log_norm = nucleus_ids(logits, p.top_p, peak)  # ... or the whole row's
-        else:
-            ids = None  # the whole vocabulary
-        cand = logits if ids is None else logits[ids]
-        if p.top_p < 1.0 and ids is not None:
-            order = np.argsort(cand)[::-1]
-            ordered = cand[order].astype(np.float64)
-            probs = _softmax(ordered) if log_norm is None else np.exp(ordered - log_norm)
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            ids, cand = ids[order[:keep]], cand[order[:keep]]
-        if p.min_p > 0.0:  # p >= min_p * p_max  <=>  logit >= max + ln(min_p)
-            mask = cand >= float(cand.max()) + np.log(p.min_p)
-            ids = np.flatnonzero(mask) if ids is None else ids[mask]
-            cand = cand[mask]
-        if ids is None:
-            return self._draw_full(logits, peak)
-        probs = _softmax(cand.astype(np.float64) / p.temperature)
-        pick = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum()))
-        return int(ids[min(pick, len(probs) - 1)])
-
-    def _draw_full(self, logits: np.ndarray, peak: float) -> int:
-        """An exact draw from softmax(logits / T) over the whole vocabulary: one float32 exp
-        pass, then a two-level inverse CDF (block sums, then one block), never a
-        vocabulary-sized float64 array."""
-        w = np.exp((logits - np.float32(peak)) / np.float32(self.p.temperature))
-        starts = np.arange(0, w.shape[0], BLOCK)
-        blocks = np.add.reduceat(w, starts).astype(np.float64)
-        cum = np.cumsum(blocks)
-        u = self.rng.random() * cum[-1]
-        b = min(int(np.searchsorted(cum, u, side="right")), len(blocks) - 1)
-        inner = np.cumsum(w[starts[b] : starts[b] + BLOCK], dtype=np.float64)
-        rest = u - (cum[b - 1] if b else 0.0)
-        i = min(int(np.searchsorted(inner, rest, side="right")), len(inner) - 1)
-        return int(starts[b] + i)
+    def cut(self, row: np.ndarray) -> Candidates:
+        """The prepared row's candidates: what the chain's truncations can keep."""
+        prm = self.p
+        if prm.temperature <= 0.0:
+            best = int(np.argmax(row))  # the first maximum: the lowest id on a tie
+            return Candidates(np.array([best]), row[[best]])
+        peak = float(row.max())
+        if 0 < prm.top_k < row.shape[0]:
+            ids = top_k_ids(row, prm.top_k, peak)
+            return Candidates(ids, row[ids])
+        if prm.top_p < 1.0:
+            ids, log_norm = nucleus_ids(row, prm.top_p, peak)
+            mass = float(np.exp(row[ids] - np.float32(peak)).sum(dtype=np.float64))
+            rest = max(math.exp(log_norm - peak) - mass, 0.0) if len(ids) < row.shape[0] else 0.0
+            return Candidates(ids, row[ids], rest)
+        return Candidates(np.arange(row.shape[0]), row)
 
 
-def sample_candidates_batch(
-    samplers: list[TokenSampler], ids: np.ndarray, logits: np.ndarray
+def draw(
+    states: list[SamplerState],
+    ids: np.ndarray,
+    logits: np.ndarray,
+    rest: np.ndarray | None = None,
+    by_id: bool = False,
 ) -> list[int]:
-    """Each session's token from its row of device candidates ((rows, k) arrays, unsorted;
-    padding has logit -inf), all rows in one set of numpy calls: per row the chain's maths
-    from top-k on (top-k -> top-p -> min-p -> temperature -> one draw from the row's RNG):
-    16 rows cost what 3-4 cost one by one (the numpy calls, not the data, are the cost).
-    Greedy: the row's argmax, the lowest id on a tie."""
-    if len(samplers) == 1:
-        return [samplers[0].sample_candidates(ids[0], logits[0])]
-    tokens = [0] * len(samplers)
-    greedy = [i for i, s in enumerate(samplers) if s.p.temperature <= 0.0]
-    drawn = [i for i, s in enumerate(samplers) if s.p.temperature > 0.0]
-    if greedy:
-        g, gi = (logits, ids) if not drawn else (logits[greedy], ids[greedy])
-        tie = g == g.max(axis=1, keepdims=True)
-        best = np.where(tie, gi, np.iinfo(np.int32).max).min(axis=1)
-        for i, token in zip(greedy, best.tolist(), strict=True):
-            tokens[i] = token
-    if drawn:
-        d, di = (logits, ids) if not greedy else (logits[drawn], ids[drawn])
-        picks = _draw_rows([samplers[i] for i in drawn], di, d)
-        for i, token in zip(drawn, picks.tolist(), strict=True):
-            tokens[i] = token
-    for sampler, token in zip(samplers, tokens, strict=True):
-        sampler.accept(token)
-    return tokens
+    """Each row's token from its candidates ((rows, width) arrays, padded with logit -inf):
+    greedy takes the row's largest logit (the lowest id on a tie); the others go through
+    top-k -> top-p -> min-p -> temperature and one draw from their own RNG over the row
+    sorted by logit, so a token depends on the row alone, not on its order or neighbours.
+    ``by_id``: whole rows in id order, with no top-k or top-p to apply: drawn unsorted."""
+    greedy = [s.p.temperature <= 0.0 for s in states]
+    if all(greedy):
+        return _argmax(ids, logits).tolist()
+    if not any(greedy):
+        return _sample(states, ids, logits, rest, not by_id).tolist()
+    g = np.array(greedy)
+    tokens = np.empty(len(states), dtype=np.int64)
+    tokens[g] = _argmax(ids[g], logits[g])
+    sampled = [s for s, gr in zip(states, greedy, strict=True) if not gr]
+    tokens[~g] = _sample(sampled, ids[~g], logits[~g], None if rest is None else rest[~g],
+                         not by_id)  # fmt: skip
+    return tokens.tolist()
 
 
-def _draw_rows(samplers: list[TokenSampler], ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """Each kept set is a prefix of its row sorted by logit: n counts it, step by step."""
-    rows, k = logits.shape
+def _argmax(ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    tie = logits == logits.max(axis=1, keepdims=True)
+    return np.where(tie, ids, NO_ID).min(axis=1)
+
+
+def _sample(
+    states: list[SamplerState],
+    ids: np.ndarray,
+    logits: np.ndarray,
+    rest: np.ndarray | None,
+    ordered: bool,
+) -> np.ndarray:
+    """top-k and top-p keep a prefix of the row sorted by logit, min-p those within a ratio
+    of the peak; then one inverse-CDF draw along the row. Written for few numpy calls: they,
+    not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
+    rows, width = logits.shape
+    prm = [s.p for s in states]
+    col = np.arange(width)
     at = np.arange(rows)[:, None]
-    order = np.argsort(logits, axis=1)[:, ::-1]
-    ids = ids[at, order]
-    cand = logits[at, order].astype(np.float64)
-    cand -= cand[:, :1]  # the row's max is 0
-    params = [s.p for s in samplers]
-    n = np.array([p.top_k if 0 < p.top_k < k else k for p in params])
-    top_p = np.array([p.top_p for p in params])
-    floor = np.array([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params])
-    col = np.arange(k)
-    e = np.exp(cand)
-    e[col >= n[:, None]] = 0.0
-    mass = np.cumsum(e, axis=1)
-    nucleus = (mass < top_p[:, None] * mass[:, -1:]).sum(axis=1) + 1  # first prefix >= top_p
-    n = np.where(top_p < 1.0, np.minimum(n, nucleus), n)
-    n = np.minimum(n, (cand >= floor[:, None]).sum(axis=1))  # min-p: p >= min_p * p_max
-    w = np.exp(cand / np.array([p.temperature for p in params])[:, None])
-    w[col >= n[:, None]] = 0.0
+    top_k = col < np.array([[q.top_k if 0 < q.top_k < width else width] for q in prm])
+    cand = logits.astype(np.float64)
+    if ordered:
+        order = np.argsort(-cand, axis=1, kind="stable")
+        ids, cand = ids[at, order], cand[at, order]
+    cand -= cand.max(axis=1, keepdims=True)  # the row's peak is 0
+    floor = np.array([[math.log(q.min_p) if q.min_p > 0.0 else -math.inf] for q in prm])
+    keep = top_k & (cand >= floor)  # min-p: p >= min_p * p_max
+    if any(q.top_p < 1.0 for q in prm):  # the first prefix of the top-k holding top_p of its mass
+        mass = np.cumsum(np.exp(cand) * top_k, axis=1)
+        total = mass[:, -1:] if rest is None else mass[:, -1:] + rest[:, None]
+        keep &= col <= (mass < np.array([[q.top_p] for q in prm]) * total).sum(1, keepdims=True)
+    w = np.exp(cand / np.array([[q.temperature] for q in prm])) * keep
     cw = np.cumsum(w, axis=1)
-    u = np.array([s.rng.random() for s in samplers]) * cw[:, -1]
-    pick = np.minimum((cw < u[:, None]).sum(axis=1), n - 1)
+    u = np.array([[s.rng.random()] for s in states]) * cw[:, -1:]
+    pick = (cw <= u).sum(axis=1)
+    if pick.max() >= width:  # u rounded up to the total: the last kept token
+        pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
     return ids[at[:, 0], pick]
+
+
+def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of candidates as one (rows, width) array pair, padded with logit -inf."""
+    width = max(len(c.ids) for c in cands)
+    ids = np.full((len(cands), width), NO_ID, dtype=np.int64)
+    logits = np.full((len(cands), width), -np.inf, dtype=np.float32)
+    for r, c in enumerate(cands):
+        ids[r, : len(c.ids)], logits[r, : len(c.ids)] = c.ids, c.logits
+    return ids, logits, np.array([c.rest for c in cands])
 
 
 def top_k_ids(logits: np.ndarray, k: int, peak: float) -> np.ndarray:

@@ -26,7 +26,7 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.samplers import Samplers
+from uma_serve.core.sampler import Sampler
 
 log = logging.getLogger("uma.engine")
 Sink = Callable[[list[Outgoing]], None]
@@ -43,7 +43,6 @@ class Engine:
         seed: int | None = None,
         tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
-        sampler: str = "numpy",
         prefix_cache_tokens: int = 0,
         prefix_cache_slots: int = 0,
         compute_nice: int = 0,
@@ -56,20 +55,20 @@ class Engine:
         self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._compute_nice = compute_nice
         self._inbox = Inbox(runtime.abort, runtime.clear_abort)
-        samplers = Samplers(runtime, sampler)
+        sampler = Sampler(runtime)
         self.scheduler = Scheduler(
             runtime,
             policy,
             constraints,
             self.metrics,
-            samplers,
+            sampler,
             seed=seed,
             tuner=tuner,
             reserved_interactive=reserved_interactive,
             prefix_cache_tokens=prefix_cache_tokens,
             prefix_cache_slots=prefix_cache_slots,
         )
-        self.executor = Executor(runtime, samplers, self._inbox, fail_decode)
+        self.executor = Executor(runtime, sampler, self._inbox, fail_decode)
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----

@@ -20,17 +20,17 @@ from uma_serve.core.faults import DECODE_FAIL_RC
 from uma_serve.core.policy import BatchItem, Phase
 from uma_serve.core.runtime import Span
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.samplers import Samplers
+from uma_serve.core.sampler import Row, Sampler
 
 ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 
 
 class Executor:
     def __init__(
-        self, runtime: RuntimeApi, samplers: Samplers, inbox: Inbox, fail_decode: str | None = None
+        self, runtime: RuntimeApi, sampler: Sampler, inbox: Inbox, fail_decode: str | None = None
     ) -> None:
         self.runtime = runtime
-        self.samplers = samplers
+        self.sampler = sampler
         self._inbox = inbox
         self._fail_decode = fail_decode  # fault injection (core/faults.py), None in service
 
@@ -64,13 +64,7 @@ class Executor:
                 drafted.append(i)
             elif row >= 0:
                 plain.append(i)
-        picks = self.samplers.sample_rows(
-            [
-                (seq.seq_id, seq.sampler, rows[i], seq.request.logprobs)
-                for i in plain
-                for seq in (batch.seqs[i],)
-            ]
-        )
+        picks = self.sampler.sample([row_of(batch.seqs[i], rows[i]) for i in plain])
         for i, (token, lp) in zip(plain, picks, strict=True):
             out[i] = Sampled((token,), (lp,))
         for i in drafted:
@@ -85,9 +79,7 @@ class Executor:
         tokens: list[int] = []
         lps: list[p.Logprobs | None] = []
         for j in range(len(drafts) + 1):
-            token, lp = self.samplers.sample_logprobs(
-                seq.seq_id, seq.sampler, row + j, seq.request.logprobs
-            )
+            [(token, lp)] = self.sampler.sample([row_of(seq, row + j)])
             tokens.append(token)
             lps.append(lp)
             if j == len(drafts) or token != drafts[j]:
@@ -108,6 +100,11 @@ def span(item: BatchItem, seq: Sequence) -> Span:
         return Span(seq.seq_id, seq.n_past, tokens, True, all_logits=len(tokens) > 1)
     last = item.logits and seq.n_past + n == len(seq.prompt)
     return Span(seq.seq_id, seq.n_past, seq.prompt[seq.n_past : seq.n_past + n], last)
+
+
+def row_of(seq: Sequence, row: int) -> Row:
+    assert seq.sampler is not None
+    return Row(seq.sampler, row, seq.request.logprobs)
 
 
 def classify(rc: int, freed: bool) -> Failure:

@@ -26,7 +26,7 @@ from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.samplers import Samplers
+from uma_serve.core.sampler import Sampler
 from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
 from uma_serve.core.spec.ngram import NgramIndex
 
@@ -41,7 +41,7 @@ class Scheduler:
         policy: Policy,
         constraints: Constraints,
         metrics: EngineMetrics,
-        samplers: Samplers,
+        sampler: Sampler,
         seed: int | None = None,
         tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
@@ -52,7 +52,7 @@ class Scheduler:
         self.policy = policy
         self.constraints = constraints
         self.metrics = metrics
-        self._samplers = samplers
+        self._sampler = sampler
         self._rng = random.Random(seed)
         self._queue = WaitingQueue(range(runtime.params.n_seq), reserved_interactive)
         self._prefix = PrefixStore.build(
@@ -102,7 +102,7 @@ class Scheduler:
         now = time.monotonic_ns()
         while (seq := self._queue.admit(self._hold())) is not None:
             seq.admitted_ns = seq.last_progress_ns = now
-            seq.sampler = self._samplers.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
+            seq.sampler = self._sampler.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
             if self._prefix is not None:
                 self._prefix.reuse(seq, self.running.values())
@@ -289,7 +289,7 @@ class Scheduler:
             _emit_text(seq, rest, token, None, out)
         if seq.seq_id >= 0 and self.running.pop(seq.seq_id, None) is seq:
             self._ended.append((seq, reason))
-        self._samplers.release(seq.seq_id, seq.sampler)
+        self._sampler.release(seq.seq_id, seq.sampler)
         m = self.metrics
         m.requests_total[reason] += 1
         m.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)

@@ -8,9 +8,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.policy import Phase, SessionView
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
 from uma_serve.core.prefix.index import Entry
-from uma_serve.core.runtime import Sampler
-from uma_serve.core.runtime.grammar import GrammarSampler
-from uma_serve.core.sampling import TokenSampler
+from uma_serve.core.sampling import SamplerState
 from uma_serve.core.spec.ngram import NgramIndex
 from uma_serve.core.textstream import TextStream
 
@@ -24,7 +22,7 @@ class Sequence:
     prompt: list[int]
     arrival_ns: int
     seq_id: int = -1
-    sampler: Sampler | TokenSampler | GrammarSampler | None = None
+    sampler: SamplerState | None = None
     n_past: int = 0  # tokens in the KV cache
     next_token: int | None = None  # sampled, not yet decoded
     generated: int = 0

@@ -2,7 +2,7 @@
 
 ``Runtime`` (runtime.py, llama.cpp) implements it; so does the unit tests' fake runtime, which
 decodes instantly without a model. The engine, its scheduler and executor, the prefix cache
-and the samplers are typed against this protocol, not against llama.cpp.
+and the sampler are typed against this protocol, not against llama.cpp.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime.params import RuntimeParams, Span
 
 if TYPE_CHECKING:
-    from uma_serve.core.runtime.chain import Sampler
+    from uma_serve.core.sampling import Constraint
 
 
 @runtime_checkable
@@ -42,10 +42,9 @@ class RuntimeApi(Protocol):
         ...
 
     def set_device_top_k(self, seq_id: int, on: bool) -> None: ...
-    def new_sampler(
-        self, params: SamplingParams, default_seed: int, backend_seq: int | None = None
-    ) -> Sampler: ...
-    def sample(self, sampler: Sampler, row: int) -> int: ...
+    def grammar(self, text: str) -> Constraint:
+        """A request's GBNF grammar over this model's vocabulary."""
+        ...
 
     # ---- tokens ----
     def piece(self, token: int) -> bytes: ...

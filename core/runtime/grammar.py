@@ -1,4 +1,4 @@
-"""Grammar-constrained sampling (GBNF, llama.cpp's grammar sampler) over a full logits row.
+"""A request's grammar (GBNF, llama.cpp's grammar sampler): which tokens it allows next.
 
 llama.cpp's grammar sampler checks a candidate token by matching its text against the
 grammar's parse stacks: ~0.3 us a token, so masking the whole 262,144-token row costs
@@ -9,8 +9,8 @@ the row masked, and then only as far as needed: the row's best tokens in growing
 allowed tokens is what a whole-row mask would give, or until the tokens not yet checked are
 all too unlikely to be drawn (under the best allowed token's by min-p's ratio, or together
 under 1e-4 of it without min-p): without that, a grammar allowing fewer than ``top_k``
-tokens (a quote, a brace) scans the whole row at every such step. The rest of the chain (bias,
-penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's.
+tokens (a quote, a brace) scans the whole row at every such step. The chain itself (bias,
+penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's, for every row.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import math
 import llama_cpp as ll
 import numpy as np
 
-from uma_serve.core.runtime import SamplingParams
-from uma_serve.core.sampling import TokenSampler
+from uma_serve.core.runtime.params import SamplingParams
 
 SLICES = (64, 1024, 16384)
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -53,23 +52,15 @@ def check_grammar(vocab: ll.llama_vocab_p, text: str) -> None:
     ll.llama_sampler_free(parse_grammar(vocab, text))
 
 
-class GrammarSampler:
-    """One session's constrained sampler: a grammar sampler plus the numpy chain."""
+class Grammar:
+    """One sequence's grammar: the chain (core/sampling.py) asks it whether its drawn token is
+    allowed and, when not, for the allowed candidates of the row."""
 
-    def __init__(
-        self,
-        vocab: ll.llama_vocab_p,
-        text: str,
-        params: SamplingParams,
-        default_seed: int,
-        eog: tuple[int, ...] = (),
-    ) -> None:
+    def __init__(self, vocab: ll.llama_vocab_p, text: str, eog: tuple[int, ...] = ()) -> None:
         self._grammar: ll.llama_sampler_p | None = parse_grammar(vocab, text)
         # end-of-generation tokens are always checked first: once the grammar is complete
         # they are all it allows, and they are rarely among the row's best
         self._eog = np.array(eog, dtype=np.int64)
-        self.inner = TokenSampler(params, default_seed)
-        self.masked = 0  # tokens that needed a mask (the unconstrained draw was refused)
 
     def free(self) -> None:
         if self._grammar is not None:
@@ -79,7 +70,10 @@ class GrammarSampler:
     def __del__(self) -> None:
         self.free()
 
-    def _apply(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    def accept(self, token: int) -> None:
+        ll.llama_sampler_accept(self._grammar, token)
+
+    def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
         """The grammar's verdict on candidates: a bool mask of the allowed ones."""
         data = np.empty(len(ids), dtype=_TOKEN_DATA)
         data["id"], data["logit"], data["p"] = ids, logits, 0.0
@@ -92,27 +86,10 @@ class GrammarSampler:
         ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
         return np.isfinite(data["logit"])
 
-    def sample(self, logits: np.ndarray) -> int:
-        """The next token from a full row (modified in place, as TokenSampler does)."""
-        inner = self.inner
-        inner._apply_bias(logits)
-        inner._apply_penalties(logits)
-        p = inner.p
-        token = int(np.argmax(logits)) if p.temperature <= 0.0 else inner._draw(logits)
-        if not self._apply(np.array([token]), logits[[token]])[0]:
-            self.masked += 1
-            ids, cand = self._allowed(logits)
-            token = inner.sample_candidates(ids, cand)  # accepts into the history
-        else:
-            inner.accept(token)
-        ll.llama_sampler_accept(self._grammar, token)
-        return token
-
-    def _allowed(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def allowed(self, logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
         """The allowed candidates among the row's best, in growing slices, until the slice
         holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row), so they hold
         the allowed top-k exactly. EOG tokens are checked with the first slice."""
-        p = self.inner.p
         n = len(logits)
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
@@ -128,7 +105,7 @@ class GrammarSampler:
             cands = np.concatenate([cands, top])
             cands = np.unique(cands[~checked[cands]])
             checked[cands] = True
-            ok.append(cands[self._apply(cands, logits[cands])])
+            ok.append(cands[self.allows(cands, logits[cands])])
             allowed = np.concatenate(ok)
             floor = float(logits[top].min())  # every unchecked token is at or below it
             if size >= n or int((logits[allowed] >= floor).sum()) >= need:
@@ -138,4 +115,4 @@ class GrammarSampler:
             cands = np.empty(0, dtype=np.int64)
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
-        return allowed.astype(np.int32), logits[allowed].astype(np.float32)
+        return allowed, logits[allowed]

@@ -12,10 +12,10 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from uma_serve.core.runtime.chain import Sampler
+from uma_serve.core.runtime.grammar import Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory
 from uma_serve.core.runtime.model_info import ModelInfo
-from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime.params import RuntimeParams, Span
 
 # ggml's CPU backend: "0" sends every K-quant matmul through the per-row kernel
 DETERMINISTIC_ENV = ("GGML_CPU_TILED_MM", "0")
@@ -357,15 +357,8 @@ class Runtime(KvMemory):
         if old is not None:
             ll.llama_sampler_free(old)
 
-    def new_sampler(
-        self, params: SamplingParams, default_seed: int, backend_seq: int | None = None
-    ) -> Sampler:
-        """A llama.cpp chain; with ``backend_seq``, attached to the context for that sequence."""
-        backend = None if backend_seq is None else (self.ctx, backend_seq)
-        return Sampler(self.n_vocab, params, default_seed, backend)
-
-    def sample(self, sampler: Sampler, row: int) -> int:
-        return sampler.sample(self.ctx, row)
+    def grammar(self, text: str) -> Grammar:
+        return Grammar(self.vocab, text, self.eog_tokens)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

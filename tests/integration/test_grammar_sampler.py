@@ -1,4 +1,5 @@
-"""The grammar sampler (core/runtime/grammar.py) on the real model: output in the language."""
+"""A grammar (core/runtime/grammar.py) through the engine's sampler on the real model: the
+output is in the language."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import numpy as np
 import pytest
 
 from uma_serve.core.config import default_model_path
-from uma_serve.core.runtime import Runtime, RuntimeParams, SamplingParams, Span
-from uma_serve.core.runtime.grammar import GrammarError, GrammarSampler, check_grammar
+from uma_serve.core.runtime import Runtime, RuntimeParams, Span
+from uma_serve.core.runtime.grammar import GrammarError, check_grammar
+from uma_serve.core.sampler import Row, Sampler
+from uma_serve.core.sampling import SamplerState
+
+from .helpers import gen
 
 JSON_ARRAY = r"""root ::= "[" ws item ("," ws item)* "]"
 item ::= [0-9]+ | "\"" [a-z]+ "\""
@@ -23,14 +28,15 @@ def runtime():
     rt.close()
 
 
-def run(rt: Runtime, sampler: GrammarSampler, prompt: str, steps: int) -> tuple[str, bool]:
+def run(rt: Runtime, state: SamplerState, prompt: str, steps: int) -> tuple[str, bool]:
     """Decode until EOG or ``steps`` tokens; the text and whether it ended by EOG."""
+    sampler = Sampler(rt)
     rt.seq_clear(0)
     tokens = rt.tokenize(prompt)
     rc, rows = rt.decode([Span(0, 0, tokens, True)])
     pos, out = len(tokens), b""
     for _ in range(steps):
-        token = sampler.sample(rt.logits_row(rows[0]))
+        [(token, _)] = sampler.sample([Row(state, rows[0])])
         if rt.is_eog(token):
             return out.decode(), True
         out += rt.piece(token)
@@ -42,10 +48,10 @@ def run(rt: Runtime, sampler: GrammarSampler, prompt: str, steps: int) -> tuple[
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_output_follows_the_grammar_and_ends(runtime, temperature) -> None:
-    params = SamplingParams(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=7)
-    sampler = GrammarSampler(runtime.vocab, JSON_ARRAY, params, 0, runtime.eog_tokens)
-    text, ended = run(runtime, sampler, "A list of numbers:", 60)
-    sampler.free()
+    req = gen(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=7, grammar=JSON_ARRAY)
+    state = Sampler(runtime).new(0, req, 0)
+    text, ended = run(runtime, state, "A list of numbers:", 60)
+    state.free()
     if ended:
         value = json.loads(text)
         assert isinstance(value, list) and value
@@ -54,14 +60,30 @@ def test_output_follows_the_grammar_and_ends(runtime, temperature) -> None:
 
 def test_greedy_without_a_refusal_is_plain_greedy(runtime) -> None:
     """Where the grammar accepts the model's own choice, nothing changes."""
-    params = SamplingParams(temperature=0.0)
-    sampler = GrammarSampler(runtime.vocab, "root ::= [^\\x00]*", params, 0)
+    sampler = Sampler(runtime)
+    state = sampler.new(0, gen(temperature=0.0, grammar="root ::= [^\\x00]*"), 0)
     runtime.seq_clear(0)
     tokens = runtime.tokenize("The capital of France is")
     rc, rows = runtime.decode([Span(0, 0, tokens, True)])
     row = np.array(runtime.logits_row(rows[0]))
-    assert sampler.sample(row.copy()) == int(np.argmax(row))
-    sampler.free()
+    assert sampler.sample([Row(state, rows[0])])[0][0] == int(np.argmax(row))
+    state.free()
+
+
+def test_a_refused_token_is_drawn_again_from_the_allowed_ones(runtime) -> None:
+    """A grammar of digits only after a prose prompt: the model's own first choice is refused
+    and the token comes from the allowed ones, the best of them when greedy."""
+    sampler = Sampler(runtime)
+    state = sampler.new(0, gen(temperature=0.0, grammar="root ::= [0-9]+"), 0)
+    runtime.seq_clear(0)
+    rc, rows = runtime.decode([Span(0, 0, runtime.tokenize("The capital of France is"), True)])
+    row = np.array(runtime.logits_row(rows[0]))
+    [(token, _)] = sampler.sample([Row(state, rows[0])])
+    pieces = [runtime.piece(t) for t in range(runtime.n_vocab)]
+    digits = [t for t, b in enumerate(pieces) if b and not b.strip(b"0123456789")]
+    assert token != int(np.argmax(row)) and token in digits
+    assert token == max(digits, key=lambda t: row[t])
+    state.free()
 
 
 def test_a_bad_grammar_is_refused(runtime) -> None:

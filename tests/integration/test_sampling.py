@@ -1,4 +1,5 @@
-"""The numpy sampler against llama.cpp's sampler chain, on the real model's logits."""
+"""The engine's sampling chain against llama.cpp's own chain (the oracle), on the real model's
+logits, and the same tokens from either source of candidates in the daemon."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import dataclasses
 import msgspec
 import numpy as np
 import pytest
+from llama_chain import LlamaChain
 
 from uma_serve.clients.client import new_id
 from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, SamplingParams, Span
-from uma_serve.core.sampling import TokenSampler
+from uma_serve.core.sampling import SamplerState, draw, stack
 
 from .helpers import gen, start_daemon
 
@@ -24,23 +26,43 @@ def runtime():
     rt.close()
 
 
+def chain(rt: Runtime, params: SamplingParams) -> LlamaChain:
+    return LlamaChain(rt.n_vocab, params, 0)
+
+
+def ours(state: SamplerState, row: np.ndarray) -> int:
+    """A whole host row through the engine's chain (core/sampler.py's host path)."""
+    state.prepare(row)
+    cut = state.cut(row)
+    token = draw([state], *stack([cut]), by_id=len(cut.ids) == len(row))[0]
+    state.accept(token)
+    return token
+
+
+def candidates(state: SamplerState, ids: np.ndarray, logits: np.ndarray) -> int:
+    """The device's top-k candidates through the engine's chain (the backend-topk path)."""
+    token = draw([state], ids[None], logits[None])[0]
+    state.accept(token)
+    return token
+
+
 def generate_both(rt: Runtime, params: SamplingParams, prompt: str, steps: int):
     """Decode with llama.cpp's chain; at every step ask the numpy sampler too (same history)."""
     rt.seq_clear(0)
     tokens = rt.tokenize(prompt)
-    chain = rt.new_sampler(params, 0)
-    mine = TokenSampler(params, 0)
+    oracle = chain(rt, params)
+    mine = SamplerState(params, 0)
     rc, rows = rt.decode([Span(0, 0, tokens, True)])
     pos, pairs = len(tokens), []
     for _ in range(steps):
-        ours = mine.sample(np.array(rt.logits_row(rows[0])))  # a copy: the chain reads it next
-        theirs = rt.sample(chain, rows[0])
-        pairs.append((ours, theirs))
+        token = ours(mine, np.array(rt.logits_row(rows[0])))  # a copy: the oracle reads it next
+        theirs = oracle.sample(rt.ctx, rows[0])
+        pairs.append((token, theirs))
         mine.history[-1] = theirs  # keep both histories identical even if they ever differ
         rc, rows = rt.decode([Span(0, pos, [theirs], True)])
         assert rc == 0
         pos += 1
-    chain.free()
+    oracle.free()
     return pairs
 
 
@@ -89,14 +111,14 @@ def test_sampled_with_logit_bias_matches_the_chain(runtime) -> None:
     bias = ((int(order[0]), -100.0), (int(order[4]), 2.0))
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=7, logit_bias=bias)
     n = 3000
-    ours = TokenSampler(params, 0)
-    assert ours.needs_full_row(64)  # a device top-k cannot stand in for a biased row
-    mine = [ours.sample(row.copy()) for _ in range(n)]
+    state = SamplerState(params, 0)
+    assert state.needs_full_row(64)  # a device top-k cannot stand in for a biased row
+    mine = [ours(state, row.copy()) for _ in range(n)]
     theirs = []
     for i in range(n):
-        chain = runtime.new_sampler(dataclasses.replace(params, seed=1000 + i), 0)
-        theirs.append(runtime.sample(chain, rows[0]))
-        chain.free()
+        oracle = chain(runtime, dataclasses.replace(params, seed=1000 + i))
+        theirs.append(oracle.sample(runtime.ctx, rows[0]))
+        oracle.free()
     support = sorted(set(mine) | set(theirs))
     p = np.array([mine.count(t) for t in support]) / n
     q = np.array([theirs.count(t) for t in support]) / n
@@ -164,26 +186,17 @@ def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams)
     rc, rows = runtime.decode([Span(0, 0, tokens, True)])
     row = np.array(runtime.logits_row(rows[0]))
     n = 3000
-    ours = TokenSampler(params, 0)
-    mine = [ours._draw(row.copy()) for _ in range(n)]
+    state = SamplerState(params, 0)
+    mine = [ours(state, row.copy()) for _ in range(n)]
     top = np.argpartition(row, -64)[-64:]
     np.random.default_rng(0).shuffle(top)  # the device's candidates come unsorted
-    ours_c = TokenSampler(params, 0)
-    mine_c = [ours_c.sample_candidates(top, row[top]) for _ in range(n)] if params.top_k else []
+    state_c = SamplerState(params, 0)
+    mine_c = [candidates(state_c, top, row[top]) for _ in range(n)] if params.top_k else []
     theirs = []
     for i in range(n):
-        chain = runtime.new_sampler(
-            SamplingParams(
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-                min_p=params.min_p,
-                seed=1000 + i,
-            ),
-            0,
-        )
-        theirs.append(runtime.sample(chain, rows[0]))
-        chain.free()
+        oracle = chain(runtime, dataclasses.replace(params, seed=1000 + i))
+        theirs.append(oracle.sample(runtime.ctx, rows[0]))
+        oracle.free()
     support = sorted(set(mine) | set(theirs))
     p = np.array([mine.count(t) for t in support]) / n
     q = np.array([theirs.count(t) for t in support]) / n
@@ -196,50 +209,24 @@ def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams)
         assert 0.5 * np.abs(pc - qc).sum() < 0.08, (support[:10], pc[:10], qc[:10])
 
 
-@pytest.mark.parametrize("other", ["llama", "backend-topk"])
-def test_daemon_greedy_output_same_with_either_sampler(tmp_path, other: str) -> None:
-    """Two fresh daemons, identical but for --sampler, fed the same requests in the same order
-    (so their KV caches hold the same cells: llama.cpp's logits depend slightly on the cache
-    layout, which would flip near-tie tokens between differently used daemons). The penalised
-    request takes backend-topk's whole-row path (its sequence's device top-k detached), the
-    plain one the device candidates."""
-    flags = ("--n-ctx", "2048", "--prefix-cache-tokens", "0", "--policy", "")
-    daemons = []
-    try:
-        for kind in ("numpy", other):
-            (tmp_path / kind).mkdir()
-            daemons.append(start_daemon(tmp_path / kind, "--sampler", kind, *flags))
-        plain = dict(max_tokens=24, stream=False, ignore_eos=True)
-        penalised = dict(plain, repeat_penalty=1.2)
-        for prompt, req in (
-            ("The three laws of motion", penalised),
-            ("def fibonacci(n):", plain),
-            ("The history of Rome", plain),
-        ):
-            texts = []
-            for d in daemons:
-                with d.client() as c:
-                    texts.append(c.complete(gen(prompt, **req)).text)
-            assert texts[0] == texts[1], texts
-    finally:
-        for d in daemons:
-            d.stop()
-
-
-@pytest.mark.parametrize("policy", ["", "qos,spec,latency,bmt,tuner"])
-def test_backend_sampling_gives_the_chains_tokens(tmp_path, policy: str) -> None:
-    """--sampler backend runs the same llama.cpp chain inside the decode graph: the same
-    tokens as --sampler llama, greedy and for a seeded sampled request, also when speculative
-    verification asks for several outputs of one sequence in a tick (the default policy on a
-    repetitive prompt)."""
+@pytest.mark.parametrize("policy", ["", "qos,spec,latency,bmt"])
+def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: str) -> None:
+    """Two fresh daemons, one sampling whole logits rows on the host (--sampler numpy), one
+    the device's top-64 (backend-topk: here the CPU backend's graph), fed the same requests in
+    the same order (so their KV caches hold the same cells: llama.cpp's logits depend slightly
+    on the cache layout, which would flip near-tie tokens between differently used daemons):
+    the same text, greedy, penalised (backend-topk's whole-row path, the sequence's device
+    top-k detached), seeded sampled (one chain over either candidates), and with speculative
+    verification (several rows of one sequence in a tick, on the repetitive prompt)."""
     flags = ("--n-ctx", "2048", "--prefix-cache-tokens", "0", "--policy", policy)
     daemons = []
     try:
-        for kind in ("llama", "backend"):
+        for kind in ("numpy", "backend-topk"):
             (tmp_path / kind).mkdir()
             daemons.append(start_daemon(tmp_path / kind, "--sampler", kind, *flags))
         requests = [
             gen("The three laws of motion", max_tokens=24, repeat_penalty=1.2),
+            gen("def fibonacci(n):", max_tokens=24, temperature=0.0, ignore_eos=True),
             gen("Once upon a time,", max_tokens=24, temperature=0.8, top_k=40, seed=11),
             gen("a b c d a b c d a b c d a b c d a b", max_tokens=24, temperature=0.0),
         ]
@@ -247,9 +234,8 @@ def test_backend_sampling_gives_the_chains_tokens(tmp_path, policy: str) -> None
             texts = []
             for d in daemons:
                 with d.client() as c:
-                    texts.append(
-                        c.complete(msgspec.structs.replace(req, id=new_id(), stream=False)).text
-                    )
+                    done = c.complete(msgspec.structs.replace(req, id=new_id(), stream=False))
+                    texts.append(done.text)
             assert texts[0] == texts[1], (req.prompt, texts)
             assert texts[0]
     finally:

@@ -130,3 +130,13 @@ def test_gpu_split_options(tmp_path) -> None:
     ):
         with pytest.raises(ValueError, match=message):
             cfg.load(argv, environ={})
+
+
+def test_removed_sampler_values_start_as_auto_with_a_warning(caplog) -> None:
+    """llama.cpp's own chains (--sampler llama|backend) were removed: an old unit file still
+    starts, on the one sampler, and the log says why."""
+    for old in ("llama", "backend"):
+        assert cfg.load(["--sampler", old], environ={}).sampler == "auto"
+        assert f"--sampler {old} was removed" in caplog.text
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        cfg.load(["--sampler", "nonsense"], environ={})

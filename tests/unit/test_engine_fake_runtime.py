@@ -67,10 +67,7 @@ class FakeRuntime:
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
         raise NotImplementedError
 
-    def new_sampler(self, params, default_seed: int, backend_seq: int | None = None):
-        raise NotImplementedError
-
-    def sample(self, sampler, row: int) -> int:
+    def grammar(self, text: str):
         raise NotImplementedError
 
     def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool:

@@ -1,4 +1,4 @@
-"""A session's llama.cpp sampler chain (the ``llama`` and ``backend`` samplers)."""
+"""llama.cpp's own sampler chain: the oracle the tests hold the engine's sampler against."""
 
 from __future__ import annotations
 
@@ -7,22 +7,11 @@ import llama_cpp as ll
 from uma_serve.core.runtime.params import SamplingParams
 
 
-class Sampler:
-    """A llama sampler chain owned by one session; frees itself.
+class LlamaChain:
+    """llama.cpp's chain for one sequence (as llama.cpp's common sampler builds it); frees
+    itself."""
 
-    With ``backend`` (a context and the session's sequence id) the chain is attached to the
-    context (llama.cpp's experimental backend sampling): the token is drawn inside the decode
-    graph on the device holding the output layer, and only its id crosses to the host.
-    ``llama_sampler_sample`` returns that token when one was drawn, else samples on the CPU.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int,
-        params: SamplingParams,
-        default_seed: int,
-        backend: tuple[ll.llama_context_p, int] | None = None,
-    ) -> None:
+    def __init__(self, vocab_size: int, params: SamplingParams, default_seed: int) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         if params.logit_bias:  # first, as llama.cpp's common sampler puts it
@@ -55,18 +44,12 @@ class Sampler:
             seed = params.seed if params.seed is not None else default_seed
             add(ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self._chain = chain
-        self._attached = backend
-        if backend is not None:  # refused when a stage cannot run in the graph: then the CPU
-            ll.llama_set_sampler(*backend, chain)
 
     def sample(self, ctx: ll.llama_context_p, batch_index: int) -> int:
         return ll.llama_sampler_sample(self._chain, ctx, batch_index)
 
     def free(self) -> None:
         if self._chain is not None:
-            if self._attached is not None:  # detach before freeing: the context holds it
-                ll.llama_set_sampler(*self._attached, None)
-                self._attached = None
             ll.llama_sampler_free(self._chain)
             self._chain = None
 

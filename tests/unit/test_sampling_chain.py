@@ -1,0 +1,133 @@
+"""The one sampling chain (core/sampling.py): rows drawn together as each alone, a host row
+cut to its candidates as the device's candidates, and the law a textbook chain gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uma_serve.core.runtime import SamplingParams
+from uma_serve.core.sampling import Candidates, SamplerState, draw, stack
+
+K = 64
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1),
+    SamplingParams(temperature=1.2, top_k=64, top_p=0.9, seed=2),
+    SamplingParams(temperature=0.5, top_k=10, seed=3),
+    SamplingParams(temperature=1.0, top_k=64, min_p=0.2, seed=4),
+    SamplingParams(temperature=0.7, top_k=1, seed=5),
+    SamplingParams(temperature=0.9, top_p=0.8, seed=6),
+    SamplingParams(temperature=1.0, seed=7),
+]
+
+
+def _rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n rows of K device candidates: distinct ids, unsorted logits."""
+    ids = np.stack([rng.choice(262_144, K, replace=False) for _ in range(n)]).astype(np.int32)
+    return ids, (rng.standard_normal((n, K)) * 3).astype(np.float32)
+
+
+def _host(state: SamplerState, row: np.ndarray) -> int:
+    """One whole host row through the chain, as the engine's sampler does it."""
+    state.prepare(row)
+    token = draw([state], *stack([state.cut(row)]))[0]
+    state.accept(token)
+    return token
+
+
+def test_a_batch_draws_what_each_row_draws_alone() -> None:
+    """Rows with different parameters side by side do not leak into one another: every row
+    gets the token it draws alone, tick after tick (each RNG advances once per token)."""
+    rng = np.random.default_rng(7)
+    together = [SamplerState(p, 0) for p in PARAMS]
+    alone = [SamplerState(p, 0) for p in PARAMS]
+    for _ in range(200):
+        ids, logits = _rows(rng, len(PARAMS))
+        batch = draw(together, ids, logits)
+        single = [draw([s], ids[i : i + 1], logits[i : i + 1])[0] for i, s in enumerate(alone)]
+        assert batch == single
+    assert len({draw([together[2]], *_rows(rng, 1))[0] for _ in range(50)}) > 1
+
+
+@pytest.mark.parametrize("params", [p for p in PARAMS if not SamplerState(p, 0).needs_full_row(K)])
+def test_a_host_row_cut_to_candidates_draws_what_the_device_candidates_draw(
+    params: SamplingParams,
+) -> None:
+    """A whole row on the host (cut to its argmax, top-k or nucleus first) and the same row
+    handed over as unsorted device candidates pick the same token for the same seed."""
+    rng = np.random.default_rng(11)
+    host, device = SamplerState(params, 0), SamplerState(params, 0)
+    picks = []
+    for _ in range(300):
+        logits = (rng.standard_normal(K) * 3).astype(np.float32)
+        order = rng.permutation(K)  # the device's candidates come unsorted
+        ids = np.arange(K, dtype=np.int32)[order][None]
+        picks.append(draw([device], ids, logits[order][None])[0])
+        assert picks[-1] == _host(host, logits.copy())
+    if params.temperature > 0 and params.top_k != 1:
+        assert len(set(picks)) > 5
+
+
+def test_a_nucleus_cut_from_a_wide_row_keeps_the_rows_law() -> None:
+    """top-p without top-k on a 262,144-token row: the cut keeps only the tokens near the
+    peak and carries the rest's mass, so every draw equals the draw over the whole row."""
+    rng = np.random.default_rng(3)
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=9)
+    cut, whole = SamplerState(params, 0), SamplerState(params, 0)
+    for _ in range(40):
+        row = rng.standard_normal(262_144).astype(np.float32)
+        row[rng.choice(262_144, 5)] += 16.0  # a few likely tokens
+        c = cut.cut(row)
+        assert len(c.ids) < 1000 and c.rest > 0
+        everything = Candidates(np.arange(len(row)), row)  # the same chain, sorted, uncut
+        assert draw([cut], *stack([c])) == draw([whole], *stack([everything]))
+
+
+def _textbook(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """llama.cpp's chain written the plain way: the probability of each token."""
+    order = np.argsort(-logits, kind="stable")
+    x = logits[order].astype(np.float64)
+    n = len(x) if p.top_k <= 0 else min(p.top_k, len(x))
+    x = x[:n]
+    probs = np.exp(x - x[0]) / np.exp(x - x[0]).sum()
+    if p.top_p < 1.0:
+        n = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+        x = x[:n]
+    if p.min_p > 0.0:
+        x = x[x >= x[0] + np.log(p.min_p)]
+    w = np.exp((x - x[0]) / p.temperature)
+    out = np.zeros(len(logits))
+    out[order[: len(x)]] = w / w.sum()
+    return out
+
+
+@pytest.mark.parametrize("params", [p for p in PARAMS if p.temperature > 0 and p.top_k != 1])
+def test_the_draws_follow_the_textbook_chains_law(params: SamplingParams) -> None:
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal(K) * 1.5).astype(np.float32)
+    state = SamplerState(params, 0)
+    n = 20_000
+    ids = np.arange(K, dtype=np.int32)[None].repeat(n, axis=0)
+    drawn = draw([state] * n, ids, np.repeat(logits[None], n, axis=0))
+    freq = np.bincount(drawn, minlength=K) / n
+    assert 0.5 * np.abs(freq - _textbook(logits, params)).sum() < 0.03
+
+
+def test_greedy_takes_the_lowest_id_on_a_tie_and_ignores_padding() -> None:
+    ids = np.array([[9, 4, 7, 0], [3, 8, 1, 2]], dtype=np.int32)
+    logits = np.array([[1.0, 2.0, 2.0, -np.inf], [-np.inf, 0.5, -np.inf, -np.inf]], np.float32)
+    states = [SamplerState(SamplingParams(temperature=0.0), 0) for _ in range(2)]
+    assert draw(states, ids, logits) == [4, 8]
+    drawn = SamplerState(SamplingParams(temperature=1.0, top_k=4, seed=0), 0)
+    assert {draw([drawn], ids[1:], logits[1:])[0] for _ in range(50)} == {8}
+
+
+def test_bias_and_penalties_change_the_row_before_the_cut() -> None:
+    row = np.zeros(K, dtype=np.float32)
+    row[3] = 5.0
+    biased = SamplerState(SamplingParams(temperature=0.0, logit_bias=((3, -10.0), (7, 1.0))), 0)
+    assert _host(biased, row.copy()) == 7
+    penalized = SamplerState(SamplingParams(temperature=0.0, presence_penalty=6.0), 0)
+    assert _host(penalized, row.copy()) == 3  # no history yet
+    assert _host(penalized, row.copy()) == 0  # token 3 now 5 - 6 < 0: the lowest id at 0 wins
