@@ -1,6 +1,7 @@
 """The metrics snapshot's schema, declared once: core/metrics.py fills it, gateway/prom.py
 derives its Prometheus families from it and docs/METRICS.md's table is generated from it (a
-test checks). protocol.py re-exports it: clients and the gateway import only the protocol."""
+test checks). protocol.py re-exports it: clients and the gateway import only the protocol.
+Its parts (the nested structs, ``_m`` that declares a field) are in core/metrics_parts.py."""
 
 from __future__ import annotations
 
@@ -9,77 +10,14 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta
 
-
-def _m(doc: str, prom: str = "", prom_help: str = "", kind: str = "") -> Meta:
-    """A field's meaning and, with ``prom``, the Prometheus family the gateway exports it as
-    (kind: counter for a ``*_total`` field, else gauge, unless given)."""
-    extra = {"prom": prom, "prom_help": prom_help, "kind": kind} if prom else {}
-    return Meta(description=doc, extra=extra)
-
-
-class TickTokens(msgspec.Struct):
-    decode: int = 0
-    prefill: int = 0
-
-
-class RequestsByReason(msgspec.Struct):
-    stop: int = 0
-    length: int = 0
-    cancelled: int = 0
-    error: int = 0
-
-
-class TunerState(msgspec.Struct):
-    bg_decoders_cap: int = 0
-    bg_burst: int = 1
-
-
-class Histogram(msgspec.Struct):
-    """``bounds``: upper bounds in ms (+Inf implied); ``counts``: per bucket, one more than
-    ``bounds``; a value equal to a bound falls in that bound's bucket."""
-
-    bounds: list[float] = []
-    counts: list[int] = []
-    sum: float = 0.0
-    count: int = 0
-
-
-def _h(doc: str, prom: str, prom_help: str) -> Meta:
-    return _m(doc, prom, prom_help, "histogram")
-
-
-_TTFT = ("uma_time_to_first_token_seconds", "Time from arrival to the first token.")
-_ITL = ("uma_inter_token_latency_seconds", "Time between consecutive tokens.")
-_E2E = ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a request.")
-_QUEUE = ("uma_request_queue_time_seconds", "Time a request waited before its prefill.")
-_QOS_TTFT = ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class.")
-_QOS_ITL = ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class.")
-_NEW_H = msgspec.field(default_factory=Histogram)
-
-
-class Histograms(msgspec.Struct):
-    ttft_ms: Annotated[Histogram, _h("arrival to first token", *_TTFT)] = _NEW_H
-    inter_token_ms: Annotated[
-        Histogram, _h("gap between consecutive tokens of one request", *_ITL)
-    ] = _NEW_H
-    e2e_ms: Annotated[Histogram, _h("arrival to final event", *_E2E)] = _NEW_H
-    queue_ms: Annotated[Histogram, _h("arrival to the start of prefill", *_QUEUE)] = _NEW_H
-
-
-class QosHistograms(msgspec.Struct):
-    """Per class: ``interactive`` and ``background``."""
-
-    ttft_ms: Annotated[
-        dict[str, Histogram],
-        _h(
-            "TTFT by the prompt's class (a chat turn's is interactive, a long or labeled "
-            "prompt's background)",
-            *_QOS_TTFT,
-        ),
-    ] = {}
-    inter_token_ms: Annotated[
-        dict[str, Histogram], _h("inter-token gaps by the request's label", *_QOS_ITL)
-    ] = {}
+from uma_serve.core.metrics_parts import (
+    Histograms,
+    QosHistograms,
+    RequestsByReason,
+    TickTokens,
+    TunerState,
+    _m,
+)
 
 
 class MetricsSnapshot(msgspec.Struct, kw_only=True):
@@ -362,12 +300,6 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     histograms_by_qos: Annotated[QosHistograms, _m(
         "the TTFT and inter-token histograms per class")] = msgspec.field(
         default_factory=QosHistograms)  # fmt: skip
-
-
-def prom_kind(path: str, meta: Meta) -> str:
-    """gauge, counter or histogram: how the gateway exports a field (see _m)."""
-    kind = (meta.extra or {}).get("kind") or ""
-    return kind or ("counter" if path.endswith("_total") else "gauge")
 
 
 def metric_fields(cls: type = MetricsSnapshot, prefix: str = "") -> list[tuple[str, Any, Meta]]:
