@@ -15,6 +15,7 @@ from uma_serve.core.metrics_parts import (
     QosHistograms,
     RequestsByReason,
     TickTokens,
+    TokenHistograms,
     TunerState,
     _m,
 )
@@ -35,8 +36,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         float,
         _m(
             "wall time of the last `llama_decode` (one tick), ms",
-            "uma_decode_ms_last",
-            "llama_decode time of the last tick (ms).",
+            "uma_decode_last_seconds",
+            "llama_decode time of the last tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     decode_ms_ewma: Annotated[
@@ -44,8 +46,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         _m(
             "EWMA (alpha 0.2) of the tick time (from `llama_decode` until the device is done), ms "
             "(a figure for dashboards; the policy plans with the tick-time model)",
-            "uma_decode_ms_ewma",
-            "EWMA of llama_decode time per tick (ms).",
+            "uma_decode_ewma_seconds",
+            "EWMA of llama_decode time per tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     tokens_per_tick: Annotated[TickTokens, _m("tokens in the last tick's batch, by phase")] = (
@@ -101,7 +104,7 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     ] = 0
     kv_cells_total: Annotated[
         int,
-        _m("KV cells in all (`n_ctx`)", "uma_kv_cells_total", "KV cache cells in total.", "gauge"),
+        _m("KV cells in all (`n_ctx`)", "uma_kv_cells_capacity", "KV cache cells in all.", "gauge"),
     ] = 0
     kv_cache_usage_ratio: Annotated[
         float,
@@ -109,6 +112,7 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
             "`kv_cells_used / kv_cells_total`",
             "uma_kv_cache_usage_ratio",
             "Used share of the KV cache (0-1).",
+            vllm="uma_kv_cache_usage_perc",  # a share 0-1 too, despite the name (as vLLM's)
         ),
     ] = 0.0
     tokens_generated_total: Annotated[
@@ -172,16 +176,18 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         float,
         _m(
             "the tick-time model's prediction for the last tick, ms (compare `decode_ms_last`)",
-            "uma_tick_ms_predicted",
-            "The tick-time model's prediction for the last tick (ms).",
+            "uma_tick_predicted_seconds",
+            "The tick-time model's prediction for the last tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     tick_budget_ms_last: Annotated[
         float,
         _m(
             "the time budget the guard planned the last tick for, ms",
-            "uma_tick_budget_ms",
-            "The time budget of the last tick (ms).",
+            "uma_tick_budget_seconds",
+            "The time budget of the last tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     tick_overhead_ms_ewma: Annotated[
@@ -189,8 +195,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         _m(
             "engine time per tick outside the decode and its wait for the device (sampling, "
             "detokenizing, batch building), smoothed, ms",
-            "uma_tick_overhead_ms_ewma",
-            "Engine time per tick outside llama_decode, smoothed (ms).",
+            "uma_tick_overhead_ewma_seconds",
+            "Engine time per tick outside llama_decode, smoothed.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     bmt_estimate_last: Annotated[
@@ -297,6 +304,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     histograms: Annotated[Histograms, _m("latency histograms (ms)")] = msgspec.field(
         default_factory=Histograms
     )
+    token_histograms: Annotated[TokenHistograms, _m(
+        "tokens per finished request (bounds in tokens)")] = msgspec.field(
+        default_factory=TokenHistograms)  # fmt: skip
     histograms_by_qos: Annotated[QosHistograms, _m(
         "the TTFT and inter-token histograms per class")] = msgspec.field(
         default_factory=QosHistograms)  # fmt: skip
@@ -311,6 +321,6 @@ def metric_fields(cls: type = MetricsSnapshot, prefix: str = "") -> list[tuple[s
             continue
         t, meta = get_args(hint)[0], get_args(hint)[1]
         out.append((prefix + name, t, meta))
-        if t in (Histograms, QosHistograms):
+        if t in (Histograms, TokenHistograms, QosHistograms):
             out.extend(metric_fields(t, f"{prefix}{name}."))
     return out

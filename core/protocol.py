@@ -31,6 +31,9 @@ from uma_serve.core.metrics_parts import (
     TickTokens as TickTokens,
 )
 from uma_serve.core.metrics_parts import (
+    TokenHistograms as TokenHistograms,
+)
+from uma_serve.core.metrics_parts import (
     TunerState as TunerState,
 )
 from uma_serve.core.metrics_parts import (
