@@ -70,6 +70,15 @@ COUNTERS = _families("counter")
 QOS_HISTOGRAMS = _families("histogram", "histograms_by_qos")
 TICK_TOKENS = ("uma_tick_tokens", "Tokens in the last tick, by phase.")
 SUCCESS = ("uma_request_success_total", "Requests finished in the core, by finish reason.")
+# Our families that vLLM exports under the same name after its prefix (vllm:<name>; a
+# counter's without _total): with --vllm-metric-names they are exported once more so.
+VLLM_NAMES = frozenset({
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+    "time_to_first_token_seconds", "time_per_output_token_seconds",
+    "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+    "request_prompt_tokens", "request_generation_tokens", "prompt_tokens", "generation_tokens",
+    "request_success",
+})  # fmt: skip
 
 
 def cumulative_buckets(h: dict[str, Any], per_unit: float = 1000.0) -> list[tuple[str, float]]:
@@ -93,6 +102,13 @@ def histogram_family(
     )
 
 
+def renamed(family: Metric, name: str) -> Metric:
+    """A copy of ``family`` under another name (its samples' names follow)."""
+    copy = Metric(name, family.documentation, family.type)
+    copy.samples = [s._replace(name=name + s.name[len(family.name) :]) for s in family.samples]
+    return copy
+
+
 class CoreSnapshot(NamedTuple):
     """One core's part of a scrape."""
 
@@ -109,8 +125,9 @@ class CoreCollector(Collector):
     ``uma_core_up`` carries ``model_name`` (as vLLM's do); with several cores every series
     also carries ``core`` (its socket path), with one core none does."""
 
-    def __init__(self) -> None:
+    def __init__(self, vllm_names: bool = False) -> None:
         self._snapshots = [CoreSnapshot("", "", None)]
+        self.vllm_names = vllm_names  # also export vLLM's families under "vllm:" names
 
     def set_snapshot(self, snapshot: dict[str, Any] | None, model: str = "") -> None:
         self._snapshots = [CoreSnapshot("", model, snapshot)]
@@ -139,7 +156,11 @@ class CoreCollector(Collector):
         ]
         if not live:
             return
-        yield from core_families(base, live)
+        for family in core_families(base, live):
+            yield family
+            short = family.name.removeprefix("uma_")
+            if self.vllm_names and short in VLLM_NAMES:
+                yield renamed(family, f"vllm:{short}")
 
 
 def core_families(base: list[str], live: Live) -> Iterator[Metric]:
@@ -199,9 +220,9 @@ ADDED_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 class GatewayMetrics:
     """The gateway's registry: the core collector plus its own HTTP counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.core = CoreCollector()
+        self.core = CoreCollector(vllm_names)
         self.registry.register(self.core)
         self.http_requests = Counter(
             "uma_http_requests",

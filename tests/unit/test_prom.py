@@ -51,9 +51,9 @@ def busy_engine() -> EngineMetrics:
     return engine
 
 
-def exported_text(engine: EngineMetrics, cores: int = 1) -> str:
+def exported_text(engine: EngineMetrics, vllm_names: bool = False, cores: int = 1) -> str:
     """A scrape's text: the snapshot of ``engine`` for each of ``cores`` cores, plus HTTP."""
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(vllm_names)
     snap = engine.snapshot()
     metrics.core.set_snapshots([CoreSnapshot(f"/run/{i}.sock", MODEL, snap) for i in range(cores)])
     metrics.http_requests.labels("/v1/completions", "POST", "200").inc()
@@ -122,6 +122,29 @@ def test_vllm_aliases_carry_model_name_and_the_same_values():
     sums = {s.name: s.value for s in by_name["uma_request_generation_tokens"]}
     assert sums["uma_request_generation_tokens_sum"] == 3
     assert by_name["uma_tick_budget_seconds"][0].value == 0.05  # ms in the snapshot
+
+
+def test_vllm_metric_names_export_vllms_families_again():
+    plain = exported_text(busy_engine())
+    assert "vllm:" not in plain
+    both = families(exported_text(busy_engine(), vllm_names=True, cores=2))
+    vllm = {name for name in both if name.startswith("vllm:")}
+    assert len(vllm) == 13
+    for name in vllm:
+        ours, theirs = both[name.replace("vllm:", "uma_")], both[name]
+        assert [(s.labels, s.value) for s in ours] == [(s.labels, s.value) for s in theirs]
+        assert all(s.name.startswith(name.removesuffix("_total")) for s in theirs)
+    assert both["vllm:num_requests_running"][1].labels == {
+        "core": "/run/1.sock",
+        "model_name": MODEL,
+    }
+
+
+def test_cli_flag_turns_the_vllm_names_on():
+    from uma_serve.gateway.main import parser, settings_from
+
+    assert not settings_from(parser().parse_args([])).vllm_metric_names
+    assert settings_from(parser().parse_args(["--vllm-metric-names"])).vllm_metric_names
 
 
 def test_names_in_base_units_and_no_gauge_ending_in_total():
