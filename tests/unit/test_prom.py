@@ -184,9 +184,25 @@ def test_dashboard_and_alerts_use_only_exported_metrics():
     assert used, "no uma_ metric found in the dashboard or the alerts"
     assert used <= exported, f"not exported: {sorted(used - exported)}"
     titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
-    needed = ("first token", "inter-token", "tokens per second", "running", "tick")
+    needed = ("first token", "inter-token", "tokens per second", "running", "tick",
+              "prefix cache", "speculative", "qos", "tokens per request")  # fmt: skip
     for title in needed:
         assert title in titles
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_parses_every_dashboard_query(tmp_path):
+    """Each panel's PromQL parses: promtool checks them as recording rules."""
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    rules = [
+        {"record": f"uma:panel_{i}", "expr": e.replace("$__rate_interval", "1m")}
+        for i, e in enumerate(exprs)
+    ]
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_metrics_doc_lists_every_exported_family():
