@@ -22,6 +22,11 @@ LATENCY_BUCKETS_MS = (
     1000, 1500, 2000, 3000, 5000, 10000, 20000, 60000,
 )  # fmt: skip
 
+# Upper bounds in tokens for the tokens of one request (vLLM's 1-2-5 series, +Inf implied).
+TOKEN_BUCKETS = (
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
+)  # fmt: skip
+
 END_REASONS = ("stop", "length", "cancelled", "error")
 QOS_CLASSES = ("interactive", "background")
 
@@ -86,6 +91,8 @@ class EngineMetrics:
         self.inter_token_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
         self.e2e_ms = Histogram()
         self.queue_ms = Histogram()
+        self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)
+        self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
         self.decode_ms_last = ms
@@ -106,6 +113,11 @@ class EngineMetrics:
     def observe_itl(self, qos: str, ms: float) -> None:
         self.inter_token_ms.observe(ms)
         self.inter_token_ms_by_qos[qos].observe(ms)
+
+    def observe_request(self, prompt_tokens: int, generated: int) -> None:
+        """A finished request's size: its prompt and what it generated."""
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(generated)
 
     def snapshot(self, prompt_tokens_reused_total: int = 0) -> dict[str, Any]:
         """The ``metrics`` answer: protocol.MetricsSnapshot as a JSON-ready dict. Its plain
@@ -129,6 +141,9 @@ class EngineMetrics:
                 self.e2e_ms.snapshot(),
                 self.queue_ms.snapshot(),
             ),
+            token_histograms=p.TokenHistograms(
+                self.request_prompt_tokens.snapshot(), self.request_generation_tokens.snapshot()
+            ),
             histograms_by_qos=p.QosHistograms(
                 {q: h.snapshot() for q, h in self.ttft_ms_by_qos.items()},
                 {q: h.snapshot() for q, h in self.inter_token_ms_by_qos.items()},
@@ -140,7 +155,8 @@ class EngineMetrics:
 # snapshot fields computed or composed by EngineMetrics.snapshot (the rest are attributes)
 COMPOSED = frozenset(
     {"uptime_s", "kv_cache_usage_ratio", "spec_acceptance_rate", "prompt_tokens_reused_total",
-     "tokens_per_tick", "requests_total", "tuner", "histograms", "histograms_by_qos"}
+     "tokens_per_tick", "requests_total", "tuner", "histograms", "token_histograms",
+     "histograms_by_qos"}
 )  # fmt: skip
 
 

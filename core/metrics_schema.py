@@ -1,6 +1,7 @@
 """The metrics snapshot's schema, declared once: core/metrics.py fills it, gateway/prom.py
 derives its Prometheus families from it and docs/METRICS.md's table is generated from it (a
-test checks). protocol.py re-exports it: clients and the gateway import only the protocol."""
+test checks). protocol.py re-exports it: clients and the gateway import only the protocol.
+Its parts (the nested structs, ``_m`` that declares a field) are in core/metrics_parts.py."""
 
 from __future__ import annotations
 
@@ -9,77 +10,15 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta
 
-
-def _m(doc: str, prom: str = "", prom_help: str = "", kind: str = "") -> Meta:
-    """A field's meaning and, with ``prom``, the Prometheus family the gateway exports it as
-    (kind: counter for a ``*_total`` field, else gauge, unless given)."""
-    extra = {"prom": prom, "prom_help": prom_help, "kind": kind} if prom else {}
-    return Meta(description=doc, extra=extra)
-
-
-class TickTokens(msgspec.Struct):
-    decode: int = 0
-    prefill: int = 0
-
-
-class RequestsByReason(msgspec.Struct):
-    stop: int = 0
-    length: int = 0
-    cancelled: int = 0
-    error: int = 0
-
-
-class TunerState(msgspec.Struct):
-    bg_decoders_cap: int = 0
-    bg_burst: int = 1
-
-
-class Histogram(msgspec.Struct):
-    """``bounds``: upper bounds in ms (+Inf implied); ``counts``: per bucket, one more than
-    ``bounds``; a value equal to a bound falls in that bound's bucket."""
-
-    bounds: list[float] = []
-    counts: list[int] = []
-    sum: float = 0.0
-    count: int = 0
-
-
-def _h(doc: str, prom: str, prom_help: str) -> Meta:
-    return _m(doc, prom, prom_help, "histogram")
-
-
-_TTFT = ("uma_time_to_first_token_seconds", "Time from arrival to the first token.")
-_ITL = ("uma_inter_token_latency_seconds", "Time between consecutive tokens.")
-_E2E = ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a request.")
-_QUEUE = ("uma_request_queue_time_seconds", "Time a request waited before its prefill.")
-_QOS_TTFT = ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class.")
-_QOS_ITL = ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class.")
-_NEW_H = msgspec.field(default_factory=Histogram)
-
-
-class Histograms(msgspec.Struct):
-    ttft_ms: Annotated[Histogram, _h("arrival to first token", *_TTFT)] = _NEW_H
-    inter_token_ms: Annotated[
-        Histogram, _h("gap between consecutive tokens of one request", *_ITL)
-    ] = _NEW_H
-    e2e_ms: Annotated[Histogram, _h("arrival to final event", *_E2E)] = _NEW_H
-    queue_ms: Annotated[Histogram, _h("arrival to the start of prefill", *_QUEUE)] = _NEW_H
-
-
-class QosHistograms(msgspec.Struct):
-    """Per class: ``interactive`` and ``background``."""
-
-    ttft_ms: Annotated[
-        dict[str, Histogram],
-        _h(
-            "TTFT by the prompt's class (a chat turn's is interactive, a long or labeled "
-            "prompt's background)",
-            *_QOS_TTFT,
-        ),
-    ] = {}
-    inter_token_ms: Annotated[
-        dict[str, Histogram], _h("inter-token gaps by the request's label", *_QOS_ITL)
-    ] = {}
+from uma_serve.core.metrics_parts import (
+    Histograms,
+    QosHistograms,
+    RequestsByReason,
+    TickTokens,
+    TokenHistograms,
+    TunerState,
+    _m,
+)
 
 
 class MetricsSnapshot(msgspec.Struct, kw_only=True):
@@ -97,8 +36,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         float,
         _m(
             "wall time of the last `llama_decode` (one tick), ms",
-            "uma_decode_ms_last",
-            "llama_decode time of the last tick (ms).",
+            "uma_decode_last_seconds",
+            "llama_decode time of the last tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     decode_ms_ewma: Annotated[
@@ -106,8 +46,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         _m(
             "EWMA (alpha 0.2) of the tick time (from `llama_decode` until the device is done), ms "
             "(a figure for dashboards; the policy plans with the tick-time model)",
-            "uma_decode_ms_ewma",
-            "EWMA of llama_decode time per tick (ms).",
+            "uma_decode_ewma_seconds",
+            "EWMA of llama_decode time per tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     tokens_per_tick: Annotated[TickTokens, _m("tokens in the last tick's batch, by phase")] = (
@@ -163,7 +104,7 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     ] = 0
     kv_cells_total: Annotated[
         int,
-        _m("KV cells in all (`n_ctx`)", "uma_kv_cells_total", "KV cache cells in total.", "gauge"),
+        _m("KV cells in all (`n_ctx`)", "uma_kv_cells_capacity", "KV cache cells in all.", "gauge"),
     ] = 0
     kv_cache_usage_ratio: Annotated[
         float,
@@ -171,6 +112,7 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
             "`kv_cells_used / kv_cells_total`",
             "uma_kv_cache_usage_ratio",
             "Used share of the KV cache (0-1).",
+            vllm="uma_kv_cache_usage_perc",  # a share 0-1 too, despite the name (as vLLM's)
         ),
     ] = 0.0
     tokens_generated_total: Annotated[
@@ -234,16 +176,18 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         float,
         _m(
             "the tick-time model's prediction for the last tick, ms (compare `decode_ms_last`)",
-            "uma_tick_ms_predicted",
-            "The tick-time model's prediction for the last tick (ms).",
+            "uma_tick_predicted_seconds",
+            "The tick-time model's prediction for the last tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     tick_budget_ms_last: Annotated[
         float,
         _m(
             "the time budget the guard planned the last tick for, ms",
-            "uma_tick_budget_ms",
-            "The time budget of the last tick (ms).",
+            "uma_tick_budget_seconds",
+            "The time budget of the last tick.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     tick_overhead_ms_ewma: Annotated[
@@ -251,8 +195,9 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         _m(
             "engine time per tick outside the decode and its wait for the device (sampling, "
             "detokenizing, batch building), smoothed, ms",
-            "uma_tick_overhead_ms_ewma",
-            "Engine time per tick outside llama_decode, smoothed (ms).",
+            "uma_tick_overhead_ewma_seconds",
+            "Engine time per tick outside llama_decode, smoothed.",
+            per_unit=1000.0,
         ),
     ] = 0.0
     bmt_estimate_last: Annotated[
@@ -359,15 +304,12 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     histograms: Annotated[Histograms, _m("latency histograms (ms)")] = msgspec.field(
         default_factory=Histograms
     )
+    token_histograms: Annotated[TokenHistograms, _m(
+        "tokens per finished request (bounds in tokens)")] = msgspec.field(
+        default_factory=TokenHistograms)  # fmt: skip
     histograms_by_qos: Annotated[QosHistograms, _m(
         "the TTFT and inter-token histograms per class")] = msgspec.field(
         default_factory=QosHistograms)  # fmt: skip
-
-
-def prom_kind(path: str, meta: Meta) -> str:
-    """gauge, counter or histogram: how the gateway exports a field (see _m)."""
-    kind = (meta.extra or {}).get("kind") or ""
-    return kind or ("counter" if path.endswith("_total") else "gauge")
 
 
 def metric_fields(cls: type = MetricsSnapshot, prefix: str = "") -> list[tuple[str, Any, Meta]]:
@@ -379,6 +321,6 @@ def metric_fields(cls: type = MetricsSnapshot, prefix: str = "") -> list[tuple[s
             continue
         t, meta = get_args(hint)[0], get_args(hint)[1]
         out.append((prefix + name, t, meta))
-        if t in (Histograms, QosHistograms):
+        if t in (Histograms, TokenHistograms, QosHistograms):
             out.extend(metric_fields(t, f"{prefix}{name}."))
     return out

@@ -14,32 +14,36 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from uma_serve.core.metrics_schema import (  # the metrics answer's schema, re-exported
+# the metrics answer's schema (core/metrics_parts.py, core/metrics_schema.py), re-exported
+from uma_serve.core.metrics_parts import (
     Histogram as Histogram,
 )
-from uma_serve.core.metrics_schema import (
+from uma_serve.core.metrics_parts import (
     Histograms as Histograms,
+)
+from uma_serve.core.metrics_parts import (
+    QosHistograms as QosHistograms,
+)
+from uma_serve.core.metrics_parts import (
+    RequestsByReason as RequestsByReason,
+)
+from uma_serve.core.metrics_parts import (
+    TickTokens as TickTokens,
+)
+from uma_serve.core.metrics_parts import (
+    TokenHistograms as TokenHistograms,
+)
+from uma_serve.core.metrics_parts import (
+    TunerState as TunerState,
+)
+from uma_serve.core.metrics_parts import (
+    prom_kind as prom_kind,
 )
 from uma_serve.core.metrics_schema import (
     MetricsSnapshot as MetricsSnapshot,
 )
 from uma_serve.core.metrics_schema import (
-    QosHistograms as QosHistograms,
-)
-from uma_serve.core.metrics_schema import (
-    RequestsByReason as RequestsByReason,
-)
-from uma_serve.core.metrics_schema import (
-    TickTokens as TickTokens,
-)
-from uma_serve.core.metrics_schema import (
-    TunerState as TunerState,
-)
-from uma_serve.core.metrics_schema import (
     metric_fields as metric_fields,
-)
-from uma_serve.core.metrics_schema import (
-    prom_kind as prom_kind,
 )
 
 DEFAULT_MAX_FRAME = 1 << 20

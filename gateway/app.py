@@ -48,6 +48,7 @@ class Settings:
     affinity_chars: int = 512
     balance_slack: int = 4
     health_interval: float = 2.0
+    vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
 
 
 ROUTES = [
@@ -64,7 +65,7 @@ KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
 
 
 def create_app(settings: Settings) -> Starlette:
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(settings.vllm_metric_names)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -121,6 +121,12 @@ def parser() -> argparse.ArgumentParser:
         default=512,
         help="a chat request's max_tokens when it sets none (capped at the core's --max-tokens)",
     )
+    ap.add_argument(
+        "--vllm-metric-names",
+        action="store_true",
+        help="/metrics also exports the families vLLM has under vLLM's own 'vllm:' names, for "
+        "dashboards made for vLLM (off by default: promtool's lint flags the colon)",
+    )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
     ap.add_argument(
@@ -149,6 +155,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         affinity_chars=args.affinity_chars,
         balance_slack=args.balance_slack,
         health_interval=args.health_interval,
+        vllm_metric_names=args.vllm_metric_names,
     )
 
 

@@ -3,14 +3,16 @@
 The core keeps the only bookkeeping of tokens, latencies and queue state; ``CoreCollector``
 turns one ``metrics`` snapshot into metric families on each scrape (milliseconds become
 seconds, per-bucket counts become cumulative ``le`` buckets). The gateway itself only counts
-its own HTTP traffic. Names follow vLLM's with the ``uma_`` prefix (docs/METRICS.md).
+its own HTTP traffic. Names follow vLLM's with the ``uma_`` prefix, and where ours differ
+vLLM's are exported too, with its ``model_name`` label (docs/METRICS.md), so that a vLLM
+dashboard works here; ``promtool check metrics`` finds nothing to flag (a test runs it).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -34,56 +36,103 @@ from uma_serve.core import protocol as p
 disable_created_metrics()
 
 
-def _families(kind: str, under: str = "") -> dict[str, tuple[str, str]]:
-    """snapshot key -> (metric name, help) of one kind, from protocol.MetricsSnapshot (the one
-    declaration of the core's figures; docs/METRICS.md is generated from it too)."""
-    out: dict[str, tuple[str, str]] = {}
+class Export(NamedTuple):
+    """One family derived from a snapshot field: ``key`` in its parent, the family's name and
+    help, and the snapshot units per exported unit (1000: ms exported in seconds)."""
+
+    key: str
+    name: str
+    help: str
+    per_unit: float = 1.0
+
+
+def _families(kind: str, under: str = "") -> list[Export]:
+    """The families of one kind, from protocol.MetricsSnapshot (the one declaration of the
+    core's figures; docs/METRICS.md is generated from it too). A field vLLM names otherwise
+    is exported twice, the second time under vLLM's name."""
+    out: list[Export] = []
     for path, _, meta in p.metric_fields():
         extra = meta.extra or {}
         parent, _, key = path.rpartition(".")
         if extra.get("prom") and parent == under and p.prom_kind(path, meta) == kind:
-            out[key] = (extra["prom"], extra["prom_help"])
+            name, doc, per_unit = extra["prom"], extra["prom_help"], extra["per_unit"]
+            out.append(Export(key, name, doc, per_unit))
+            if vllm := extra.get("vllm"):
+                alias_doc = f"{doc.removesuffix('.')}; vLLM's name for {name}."
+                out.append(Export(key, vllm, alias_doc, per_unit))
     return out
 
 
 HISTOGRAMS = _families("histogram", "histograms")
+TOKEN_HISTOGRAMS = _families("histogram", "token_histograms")
 GAUGES = _families("gauge")
 COUNTERS = _families("counter")
 QOS_HISTOGRAMS = _families("histogram", "histograms_by_qos")
+TICK_TOKENS = ("uma_tick_tokens", "Tokens in the last tick, by phase.")
+SUCCESS = ("uma_request_success_total", "Requests finished in the core, by finish reason.")
+# Our families that vLLM exports under the same name after its prefix (vllm:<name>; a
+# counter's without _total): with --vllm-metric-names they are exported once more so.
+VLLM_NAMES = frozenset({
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+    "time_to_first_token_seconds", "time_per_output_token_seconds",
+    "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+    "request_prompt_tokens", "request_generation_tokens", "prompt_tokens", "generation_tokens",
+    "request_success",
+})  # fmt: skip
 
 
-def cumulative_buckets(h: dict[str, Any]) -> list[tuple[str, float]]:
-    """Core histogram (ms bounds, per-bucket counts) -> cumulative ``le`` buckets in seconds."""
+def cumulative_buckets(h: dict[str, Any], per_unit: float = 1000.0) -> list[tuple[str, float]]:
+    """Core histogram (per-bucket counts) -> cumulative ``le`` buckets, bounds divided by
+    ``per_unit`` (milliseconds to seconds by default)."""
     buckets: list[tuple[str, float]] = []
     running = 0
     counts = h.get("counts", [])
     for bound, n in zip(h.get("bounds", []), counts, strict=False):
         running += n
-        buckets.append((repr(bound / 1000.0), running))
+        buckets.append((repr(bound / per_unit), running))
     buckets.append(("+Inf", h.get("count", sum(counts))))
     return buckets
 
 
-def histogram_family(name: str, doc: str, h: dict[str, Any]) -> HistogramMetricFamily:
+def histogram_family(
+    name: str, doc: str, h: dict[str, Any], per_unit: float = 1000.0
+) -> HistogramMetricFamily:
     return HistogramMetricFamily(
-        name, doc, buckets=cumulative_buckets(h), sum_value=h.get("sum", 0.0) / 1000.0
+        name, doc, buckets=cumulative_buckets(h, per_unit), sum_value=h.get("sum", 0.0) / per_unit
     )
 
 
-Snapshots = list[tuple[str, dict[str, Any] | None]]  # (core, its snapshot or None: down)
+def renamed(family: Metric, name: str) -> Metric:
+    """A copy of ``family`` under another name (its samples' names follow)."""
+    copy = Metric(name, family.documentation, family.type)
+    copy.samples = [s._replace(name=name + s.name[len(family.name) :]) for s in family.samples]
+    return copy
+
+
+class CoreSnapshot(NamedTuple):
+    """One core's part of a scrape."""
+
+    core: str  # its socket path: the ``core`` label with several cores
+    model: str  # the model it serves, as /v1/models names it: the ``model_name`` label
+    snapshot: dict[str, Any] | None  # None: it did not answer
+
+
+Live = list[tuple[list[str], dict[str, Any]]]  # (a live core's label values, its snapshot)
 
 
 class CoreCollector(Collector):
-    """Families built from the last snapshots handed to ``set_snapshots``. One core: the
-    series carry no ``core`` label; several: every series carries one (its socket path)."""
+    """Families built from the last snapshots handed to ``set_snapshots``. Every series but
+    ``uma_core_up`` carries ``model_name`` (as vLLM's do); with several cores every series
+    also carries ``core`` (its socket path), with one core none does."""
 
-    def __init__(self) -> None:
-        self._snapshots: Snapshots = [("", None)]
+    def __init__(self, vllm_names: bool = False) -> None:
+        self._snapshots = [CoreSnapshot("", "", None)]
+        self.vllm_names = vllm_names  # also export vLLM's families under "vllm:" names
 
-    def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
-        self._snapshots = [("", snapshot)]
+    def set_snapshot(self, snapshot: dict[str, Any] | None, model: str = "") -> None:
+        self._snapshots = [CoreSnapshot("", model, snapshot)]
 
-    def set_snapshots(self, snapshots: Snapshots) -> None:
+    def set_snapshots(self, snapshots: list[CoreSnapshot]) -> None:
         self._snapshots = snapshots
 
     def describe(self) -> list[Metric]:
@@ -91,62 +140,74 @@ class CoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         by_core = len(self._snapshots) > 1
-        base = ["core"] if by_core else []
-        live = [(([core] if by_core else []), s) for core, s in self._snapshots if s is not None]
-
-        def family(kind: type, name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
-            return kind(name, doc, labels=[*base, *labels])
-
-        up = family(
-            GaugeMetricFamily, "uma_core_up", "1 when the core answered the metrics request."
+        up = GaugeMetricFamily(
+            "uma_core_up",
+            "1 when the core answered the metrics request.",
+            labels=["core"] if by_core else [],
         )
-        for core, snap in self._snapshots:
-            up.add_metric([core] if by_core else [], 1.0 if snap is not None else 0.0)
+        for s in self._snapshots:
+            up.add_metric([s.core] if by_core else [], 1.0 if s.snapshot is not None else 0.0)
         yield up
+        base = ["core", "model_name"] if by_core else ["model_name"]
+        live = [
+            ([s.core, s.model] if by_core else [s.model], s.snapshot)
+            for s in self._snapshots
+            if s.snapshot is not None
+        ]
         if not live:
             return
+        for family in core_families(base, live):
+            yield family
+            short = family.name.removeprefix("uma_")
+            if self.vllm_names and short in VLLM_NAMES:
+                yield renamed(family, f"vllm:{short}")
 
-        def flat(table: dict[str, tuple[str, str]], kind: type) -> Iterator[Metric]:
-            for key, (name, doc) in table.items():
-                fam = family(kind, name, doc)
-                for labels, snap in live:
-                    if key in snap:
-                        fam.add_metric(labels, float(snap[key]))
-                if fam.samples:
-                    yield fam
 
-        yield from flat(GAUGES, GaugeMetricFamily)
-        tick = family(GaugeMetricFamily, *TICK_TOKENS, labels=("phase",))
-        for labels, snap in live:
-            for phase, n in (snap.get("tokens_per_tick") or {}).items():
-                tick.add_metric([*labels, phase], float(n))
-        yield tick
-        yield from flat(COUNTERS, CounterMetricFamily)
-        done = family(CounterMetricFamily, *SUCCESS, labels=("finished_reason",))
-        for labels, snap in live:
-            for reason, n in (snap.get("requests_total") or {}).items():
-                done.add_metric([*labels, reason], float(n))
-        yield done
-        for key, (name, doc) in HISTOGRAMS.items():
-            fam = family(HistogramMetricFamily, name, doc)
+def core_families(base: list[str], live: Live) -> Iterator[Metric]:
+    """Every family of the live cores' snapshots, each series labeled ``base`` (its values
+    first in each entry of ``live``)."""
+
+    def flat(table: list[Export], kind: type) -> Iterator[Metric]:
+        for key, name, doc, per_unit in table:
+            fam = kind(name, doc, labels=base)
             for labels, snap in live:
-                if h := (snap.get("histograms") or {}).get(key):
-                    fam.add_metric(labels, cumulative_buckets(h), h.get("sum", 0.0) / 1000.0)
-            if fam.samples:
-                yield fam
-        for key, (name, doc) in QOS_HISTOGRAMS.items():
-            fam = family(HistogramMetricFamily, name, doc, labels=("qos",))
-            for labels, snap in live:
-                for qos, h in ((snap.get("histograms_by_qos") or {}).get(key) or {}).items():
-                    fam.add_metric(
-                        [*labels, qos], cumulative_buckets(h), h.get("sum", 0.0) / 1000.0
-                    )
+                if key in snap:
+                    fam.add_metric(labels, float(snap[key]) / per_unit)
             if fam.samples:
                 yield fam
 
+    def by_label(name: str, doc: str, label: str, field: str) -> Metric:
+        kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+        fam = kind(name, doc, labels=[*base, label])
+        for labels, snap in live:
+            for value, n in (snap.get(field) or {}).items():
+                fam.add_metric([*labels, value], float(n))
+        return fam
 
-TICK_TOKENS = ("uma_tick_tokens", "Tokens in the last tick, by phase.")
-SUCCESS = ("uma_request_success_total", "Requests finished in the core, by finish reason.")
+    yield from flat(GAUGES, GaugeMetricFamily)
+    yield by_label(*TICK_TOKENS, "phase", "tokens_per_tick")
+    yield from flat(COUNTERS, CounterMetricFamily)
+    yield by_label(*SUCCESS, "finished_reason", "requests_total")
+    yield from histograms(base, live, HISTOGRAMS, "histograms")
+    yield from histograms(base, live, TOKEN_HISTOGRAMS, "token_histograms")
+    yield from histograms(base, live, QOS_HISTOGRAMS, "histograms_by_qos", "qos")
+
+
+def histograms(
+    base: list[str], live: Live, table: list[Export], under: str, label: str = ""
+) -> Iterator[Metric]:
+    """The histogram families of the snapshots' ``under``; with ``label``, each field is a
+    dict of histograms by that label's value (the QoS class)."""
+    for key, name, doc, per_unit in table:
+        fam = HistogramMetricFamily(name, doc, labels=[*base, label] if label else base)
+        for labels, snap in live:
+            field = (snap.get(under) or {}).get(key)
+            for value, h in (field or {}).items() if label else [("", field)]:
+                if h:
+                    buckets, total = cumulative_buckets(h, per_unit), h.get("sum", 0.0) / per_unit
+                    fam.add_metric([*labels, value] if label else labels, buckets, total)
+        if fam.samples:
+            yield fam
 
 
 CLIENT_CLOSED = 499  # nginx's "client closed request"
@@ -159,9 +220,9 @@ ADDED_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 class GatewayMetrics:
     """The gateway's registry: the core collector plus its own HTTP counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.core = CoreCollector()
+        self.core = CoreCollector(vllm_names)
         self.registry.register(self.core)
         self.http_requests = Counter(
             "uma_http_requests",

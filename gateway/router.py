@@ -36,6 +36,7 @@ from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.core_pool import CorePool
 from uma_serve.gateway.errors import E_CONNECT
+from uma_serve.gateway.prom import CoreSnapshot
 from uma_serve.gateway.request_id import with_header
 
 log = logging.getLogger("uma.gateway")
@@ -313,17 +314,21 @@ class Router:
             raise err
         return infos
 
-    async def snapshots(self, timeout: float = 5.0) -> list[tuple[str, dict[str, Any] | None]]:
-        """Every core's metrics snapshot (None where it did not answer in time)."""
+    async def snapshots(self, timeout: float = 5.0) -> list[CoreSnapshot]:
+        """Every core's metrics snapshot (None where it did not answer in time) and the model
+        it serves (its cached info: no second round trip once known)."""
 
-        async def one(core: Core) -> dict[str, Any] | None:
+        async def both(core: Core) -> CoreSnapshot:
+            snapshot = await core.pool.metrics()
+            return CoreSnapshot(core.name, (await core.pool.info()).model, snapshot)
+
+        async def one(core: Core) -> CoreSnapshot:
             try:
-                return await asyncio.wait_for(core.pool.metrics(), timeout)
+                return await asyncio.wait_for(both(core), timeout)
             except (CoreError, TimeoutError):
-                return None
+                return CoreSnapshot(core.name, "", None)
 
-        results = await asyncio.gather(*(one(c) for c in self.cores))
-        return [(c.name, r) for c, r in zip(self.cores, results, strict=True)]
+        return list(await asyncio.gather(*(one(c) for c in self.cores)))
 
     async def close(self) -> None:
         for core in self.cores:

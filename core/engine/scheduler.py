@@ -293,6 +293,7 @@ class Scheduler:
         m = self.metrics
         m.requests_total[reason] += 1
         m.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
+        m.observe_request(len(seq.prompt), seq.generated)
         m.active_sessions = len(self.running)
         m.kv_cells_used = sum(s.n_past for s in self.running.values())
         if send:

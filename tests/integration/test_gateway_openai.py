@@ -344,9 +344,9 @@ def test_client_disconnect_mid_stream_frees_the_sequence(gateway, umad, model_id
     assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0
     assert m["requests_total"]["cancelled"] == before + 1
     # ... and the gateway's Prometheus view says the same.
-    prom = prom_samples(gateway)
-    assert prom[("uma_num_requests_running", ())] == 0
-    cancelled = prom[("uma_request_success_total", (("finished_reason", "cancelled"),))]
+    prom, model = prom_samples(gateway), ("model_name", model_id)  # on every core series
+    assert prom[("uma_num_requests_running", (model,))] == 0
+    cancelled = prom[("uma_request_success_total", (("finished_reason", "cancelled"), model))]
     assert cancelled == before + 1
     assert prom[("uma_http_inflight_requests", ())] == 0
 

@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import free_port
+from .gateway_fixtures import free_port, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -132,8 +132,68 @@ def test_deploy_queries_only_use_metrics_the_gateway_exports(gateway, sdk, model
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
     exprs += [r["expr"] for group in rules["groups"] for r in group["rules"]]
-    used = {m for e in exprs for m in re.findall(r"\buma_[a-z_]+\b", e)}
+    used = {m for e in exprs for m in re.findall(r"\buma_[a-z0-9_]+\b", e)}
     assert used and used <= exported, sorted(used - exported)
+
+
+def scrape(url: str) -> dict[str, list]:
+    """The gateway's /metrics now: family name -> its samples."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {fam.name: fam.samples for fam in text_string_to_metric_families(text)}
+
+
+def one(samples: list, name: str) -> float:
+    return next(s.value for s in samples if s.name == name)
+
+
+def test_vllm_names_and_model_name_after_a_real_request(umad, gateway, sdk, model_id):
+    """After a real request the real gateway's scrape has vLLM's names (kv_cache_usage_perc,
+    time_per_output_token_seconds, the per-request token histograms), every core series
+    names the model, and promtool finds nothing to flag in it."""
+    wait_idle(umad.socket)
+    before = scrape(gateway.url)["uma_request_prompt_tokens"]
+    answer = sdk.completions.create(model=model_id, prompt="Name three colors.", max_tokens=4)
+    wait_idle(umad.socket)
+    text = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    after = {fam.name: fam.samples for fam in text_string_to_metric_families(text)}
+    prompt, generated = after["uma_request_prompt_tokens"], after["uma_request_generation_tokens"]
+    count, total = "uma_request_prompt_tokens_count", "uma_request_prompt_tokens_sum"
+    assert one(prompt, count) - one(before, count) == 1
+    assert one(prompt, total) - one(before, total) == answer.usage.prompt_tokens
+    assert one(generated, "uma_request_generation_tokens_sum") >= answer.usage.completion_tokens
+    assert 0 <= after["uma_kv_cache_usage_perc"][0].value <= 1  # a share, as vLLM's
+    tpot, itl = after["uma_time_per_output_token_seconds"], after["uma_inter_token_latency_seconds"]
+    assert [s.value for s in tpot] == [s.value for s in itl]
+    assert one(tpot, "uma_time_per_output_token_seconds_count") >= 1
+    for name, samples in after.items():
+        if name.startswith("uma_") and name not in GATEWAY_OWN:
+            assert {s.labels.get("model_name") for s in samples} == {model_id}, name
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                          text=True)  # fmt: skip
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout
+
+
+def test_vllm_metric_names_on_a_real_gateway(umad, model_id):
+    """--vllm-metric-names: vLLM's families once more under vllm:*, same labels and values."""
+    gw = start_gateway(umad.socket, "--vllm-metric-names")
+    try:
+        both = scrape(gw.url)
+    finally:
+        gw.stop()
+    ours, theirs = both["uma_request_prompt_tokens"], both["vllm:request_prompt_tokens"]
+    assert [(s.labels, s.value) for s in ours] == [(s.labels, s.value) for s in theirs]
+    assert both["vllm:num_requests_running"][0].labels == {"model_name": model_id}
+
+
+# the gateway's own families: no model_name (uma_core_up: a core that is down names none)
+GATEWAY_OWN = {
+    "uma_core_up",
+    "uma_http_requests",
+    "uma_http_request_duration_seconds",
+    "uma_gateway_added_latency_seconds",
+    "uma_gateway_routed_requests",
+    "uma_http_inflight_requests",
+}
 
 
 def test_promtool_check_rules():

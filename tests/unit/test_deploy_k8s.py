@@ -68,6 +68,6 @@ def test_pod_wiring() -> None:
     hpa = load("hpa.yaml")["spec"]
     assert hpa["scaleTargetRef"]["name"] == deploy["metadata"]["name"]
     metric = hpa["metrics"][0]["pods"]["metric"]["name"]
-    assert metric == "uma_num_requests_waiting" and metric in {name for name, _ in GAUGES.values()}
+    assert metric == "uma_num_requests_waiting" and metric in {g.name for g in GAUGES}
     adapter = yaml.safe_load((K8S / "adapter" / "values.yaml").read_text())
     assert adapter["rules"]["custom"][0]["name"]["as"] == metric

@@ -10,6 +10,7 @@ import pytest
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine import Engine, Submission
+from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import BaselinePolicy, Constraints
 from uma_serve.core.runtime import RuntimeParams
 from uma_serve.core.runtime.api import RuntimeApi
@@ -90,7 +91,10 @@ def test_the_fake_runtime_implements_the_engines_runtime_protocol() -> None:
     assert isinstance(FakeRuntime(), RuntimeApi)
 
 
-def run_engine(requests: list[p.Generate], n_seq: int = 4) -> list[tuple[int, p.Event]]:
+def run_engine(
+    requests: list[p.Generate], n_seq: int = 4, metrics: list[EngineMetrics] | None = None
+) -> list[tuple[int, p.Event]]:
+    """The requests' events, each request's prompt 3 tokens; ``metrics`` gets the engine's."""
     events: list[tuple[int, p.Event]] = []
     done = threading.Event()
 
@@ -113,15 +117,21 @@ def run_engine(requests: list[p.Generate], n_seq: int = 4) -> list[tuple[int, p.
     assert done.wait(10), f"engine stalled; {len(events)} events"
     engine.stop("test over")
     engine.join(5)
+    if metrics is not None:
+        metrics.append(engine.metrics)
     return events
 
 
 def test_a_whole_batch_ending_in_one_tick_lets_the_queue_in() -> None:
     reqs = [p.Generate(id=f"r{i}", prompt="x", max_tokens=5, ignore_eos=True) for i in range(8)]
-    events = run_engine(reqs)
+    got: list[EngineMetrics] = []
+    events = run_engine(reqs, metrics=got)
     ends = [e for _, e in events if isinstance(e, p.EosEvent)]
     assert sorted(e.id for e in ends) == sorted(r.id for r in reqs)
     assert all(e.reason == "length" and e.usage.completion_tokens == 5 for e in ends)
+    sizes = got[0].snapshot()["token_histograms"]  # each finished request's size, once
+    assert (sizes["prompt_tokens"]["count"], sizes["prompt_tokens"]["sum"]) == (8, 24)
+    assert (sizes["generation_tokens"]["count"], sizes["generation_tokens"]["sum"]) == (8, 40)
 
 
 def test_tokens_follow_the_logits_and_positions() -> None:

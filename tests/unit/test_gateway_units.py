@@ -1,33 +1,22 @@
-"""Gateway pieces without a model: schema validation, error mapping, auth, the Prometheus
-conversion, the deploy kit's metric names, and the app's answers when no core is there."""
+"""Gateway pieces without a model: schema validation, error mapping, auth, and the app's
+answers when no core is there (the Prometheus export: test_prom.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import re
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import yaml
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.core.metrics import EngineMetrics
 from uma_serve.gateway import openai_schema as schema
 from uma_serve.gateway.app import Settings, create_app
 from uma_serve.gateway.auth import bearer_of, key_matches
 from uma_serve.gateway.errors import ApiError, from_core_error
-from uma_serve.gateway.prom import GatewayMetrics, histogram_family
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def decode_error(body: bytes, kind: type = schema.CompletionRequest) -> ApiError:
@@ -151,78 +140,6 @@ def test_auth_helpers():
     assert bearer_of(b"Bearer abc") == "abc" and bearer_of(b"bearer  abc ") == "abc"
     assert bearer_of(b"Basic abc") is None and bearer_of(None) is None
     assert bearer_of(b"Bearer ") is None
-
-
-def test_histogram_conversion_is_cumulative_in_seconds():
-    fam = histogram_family(
-        "uma_x_seconds", "x", {"bounds": [5, 10], "counts": [1, 2, 3], "sum": 1500.0, "count": 6}
-    )
-    samples = {(s.name, s.labels.get("le")): s.value for s in fam.samples}
-    assert samples[("uma_x_seconds_bucket", "0.005")] == 1
-    assert samples[("uma_x_seconds_bucket", "0.01")] == 3
-    assert samples[("uma_x_seconds_bucket", "+Inf")] == 6
-    assert samples[("uma_x_seconds_count", None)] == 6
-    assert samples[("uma_x_seconds_sum", None)] == pytest.approx(1.5)
-
-
-def exported_sample_names() -> set[str]:
-    """Every series name the gateway exports, from a real EngineMetrics snapshot."""
-    engine = EngineMetrics()
-    engine.ttft_ms.observe(12.0)
-    metrics = GatewayMetrics()
-    metrics.core.set_snapshot(engine.snapshot())
-    metrics.http_requests.labels("/v1/completions", "POST", "200").inc()
-    metrics.http_latency.labels("/v1/completions", "POST").observe(0.1)
-    text = generate_latest(metrics.registry).decode()
-    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-REQUIRED = {
-    "uma_time_to_first_token_seconds_bucket",
-    "uma_inter_token_latency_seconds_bucket",
-    "uma_e2e_request_latency_seconds_bucket",
-    "uma_request_queue_time_seconds_bucket",
-    "uma_num_requests_running",
-    "uma_num_requests_waiting",
-    "uma_decode_ms_ewma",
-    "uma_tick_tokens",
-    "uma_kv_cache_usage_ratio",
-    "uma_prompt_tokens_total",
-    "uma_generation_tokens_total",
-    "uma_request_success_total",
-    "uma_http_requests_total",
-    "uma_http_request_duration_seconds_bucket",
-    "uma_core_up",
-}
-
-
-def test_issue_metric_names_are_exported():
-    assert exported_sample_names() >= REQUIRED
-
-
-def metric_names_in(expr: str) -> set[str]:
-    return set(re.findall(r"\buma_[a-z_]+\b", expr))
-
-
-def test_dashboard_and_alerts_use_only_exported_metrics():
-    exported = exported_sample_names()
-    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
-    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
-    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
-    used = set().union(*(metric_names_in(e) for e in exprs))
-    assert used, "no uma_ metric found in the dashboard or the alerts"
-    assert used <= exported, f"not exported: {sorted(used - exported)}"
-    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
-    for needed in ("first token", "inter-token", "tokens per second", "running", "tick"):
-        assert needed in titles
-
-
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-def test_promtool_checks_rules_and_config():
-    for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
-        out = subprocess.run(["promtool", *args], cwd=DEPLOY, capture_output=True, text=True)
-        assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.fixture

@@ -16,12 +16,15 @@ def test_the_snapshot_is_the_declared_struct() -> None:
     m.kv_cells_total, m.kv_cells_used = 100, 25
     m.observe_ttft("interactive", 12.0)
     m.requests_total["stop"] += 1
+    m.observe_request(12, 3)
     snap = m.snapshot(prompt_tokens_reused_total=7)
     typed = msgspec.convert(snap, p.MetricsSnapshot)  # every field, well typed
     assert set(snap) == set(p.MetricsSnapshot.__struct_fields__)
     assert typed.kv_cache_usage_ratio == 0.25 and typed.prompt_tokens_reused_total == 7
     assert typed.requests_total.stop == 1 and typed.histograms.ttft_ms.count == 1
     assert typed.histograms_by_qos.ttft_ms["interactive"].count == 1
+    prompt = typed.token_histograms.prompt_tokens
+    assert prompt.counts[prompt.bounds.index(20)] == 1 and prompt.sum == 12  # in tokens
 
 
 def test_metrics_doc_table_is_generated_from_the_declaration() -> None:
@@ -35,3 +38,4 @@ def test_every_exported_field_names_its_family_and_help() -> None:
         assert meta.description, path
         if extra:
             assert extra["prom"].startswith("uma_") and extra["prom_help"], path
+            assert extra.get("vllm", "uma_").startswith("uma_"), path

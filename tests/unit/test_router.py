@@ -16,7 +16,7 @@ from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.gateway.errors import E_CONNECT
-from uma_serve.gateway.prom import GatewayMetrics
+from uma_serve.gateway.prom import CoreSnapshot, GatewayMetrics
 from uma_serve.gateway.router import NOTE, RouteNote, Router, affinity_key, rank
 
 CORES = ["/run/a.sock", "/run/b.sock", "/run/c.sock"]
@@ -77,6 +77,14 @@ class FakePool:
         if self.fail:
             raise CoreError(E_CONNECT, "down")
         return p.HealthEvent(id=None, status="ok", active_sessions=0, waiting_sessions=0)
+
+    async def metrics(self) -> dict:
+        if self.fail:
+            raise CoreError(E_CONNECT, "down")
+        return {"uptime_s": 1.0}
+
+    async def info(self) -> p.InfoEvent:
+        return p.InfoEvent(None, f"model-{self.name}", "", 8, 8, 1, 8, False, "0", 8, 8)
 
 
 def router(n: int = 2, **kw) -> tuple[Router, list[FakePool]]:
@@ -162,6 +170,7 @@ def test_metrics_carry_a_core_label_with_several_cores_only():
     engine = EngineMetrics()
     engine.ttft_ms.observe(12.0)
     snap = engine.snapshot()
+    m_a, m_b = {"core": "/a.sock", "model_name": "m"}, {"core": "/b.sock", "model_name": "m"}
 
     def series(snapshots) -> dict[str, list[dict]]:
         m = GatewayMetrics()
@@ -173,10 +182,24 @@ def test_metrics_carry_a_core_label_with_several_cores_only():
                 out.setdefault(s.name, []).append(s.labels)
         return out
 
-    one = series([("/a.sock", snap)])
-    assert one["uma_num_requests_waiting"] == [{}] and one["uma_core_up"] == [{}]
-    two = series([("/a.sock", snap), ("/b.sock", None)])
+    one = series([CoreSnapshot("/a.sock", "m", snap)])
+    assert one["uma_num_requests_waiting"] == [{"model_name": "m"}] and one["uma_core_up"] == [{}]
+    two = series([CoreSnapshot("/a.sock", "m", snap), CoreSnapshot("/b.sock", "", None)])
     assert two["uma_core_up"] == [{"core": "/a.sock"}, {"core": "/b.sock"}]
-    assert two["uma_num_requests_waiting"] == [{"core": "/a.sock"}]
-    assert {"core": "/a.sock", "le": "+Inf"} in two["uma_time_to_first_token_seconds_bucket"]
+    assert two["uma_num_requests_waiting"] == [m_a]
+    assert {**m_a, "le": "+Inf"} in two["uma_time_to_first_token_seconds_bucket"]
     assert set(one) == set(two)  # the same series names either way
+    both = series([CoreSnapshot("/a.sock", "m", snap), CoreSnapshot("/b.sock", "m", snap)])
+    assert both["uma_kv_cache_usage_perc"] == [m_a, m_b]  # every core family: both labels
+    assert {**m_b, "qos": "interactive", "le": "+Inf"} in both[
+        "uma_qos_time_to_first_token_seconds_bucket"
+    ]
+    assert {**m_b, "finished_reason": "stop"} in both["uma_request_success_total"]
+
+
+def test_snapshots_name_each_cores_model():
+    r, fakes = router(2)
+    fakes[1].fail = E_CONNECT
+    got = asyncio.run(r.snapshots(1.0))
+    assert got[0] == CoreSnapshot(CORES[0], "model-/run/a.sock", {"uptime_s": 1.0})
+    assert got[1] == CoreSnapshot(CORES[1], "", None)  # down: no snapshot, the scrape goes on
