@@ -103,7 +103,7 @@ class AsyncUmaClient:
             self._queues.pop(request.id, None)
             if not done and not self.closed:
                 with contextlib.suppress(Exception):
-                    self._writer.write(p.encode(p.Cancel(type="cancel", id=request.id)))
+                    self._writer.write(p.encode(p.Cancel(id=request.id)))
 
     async def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
         """Run a generation to its end; return the final event (text joined if streamed)."""
@@ -114,7 +114,7 @@ class AsyncUmaClient:
         return last
 
     async def cancel(self, request_id: str) -> None:
-        await self._send(p.Cancel(type="cancel", id=request_id))
+        await self._send(p.Cancel(id=request_id))
 
     async def _admin(self, kind: type, **kw: Any) -> Any:
         rid = next(self._admin_ids)
@@ -132,20 +132,20 @@ class AsyncUmaClient:
         return item
 
     async def metrics(self) -> dict[str, Any]:
-        return (await self._admin(p.MetricsRequest, type="metrics")).metrics
+        return (await self._admin(p.MetricsRequest)).metrics
 
     async def health(self) -> p.HealthEvent:
-        return await self._admin(p.HealthRequest, type="health")
+        return await self._admin(p.HealthRequest)
 
     async def info(self) -> p.InfoEvent:
-        return await self._admin(p.InfoRequest, type="info")
+        return await self._admin(p.InfoRequest)
 
     async def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
         """``kw``: add_special, parse_special, with_pieces (docs/PROTOCOL.md)."""
-        return await self._admin(p.TokenizeRequest, type="tokenize", content=content, **kw)
+        return await self._admin(p.TokenizeRequest, content=content, **kw)
 
     async def detokenize(self, tokens: list[int]) -> str:
-        return (await self._admin(p.DetokenizeRequest, type="detokenize", tokens=tokens)).content
+        return (await self._admin(p.DetokenizeRequest, tokens=tokens)).content
 
     async def close(self) -> None:
         self._reader_task.cancel()
@@ -222,18 +222,18 @@ class UmaClient:
                 return event
 
     def metrics(self) -> dict[str, Any]:
-        return self.request(p.MetricsRequest(type="metrics", id=new_id())).metrics
+        return self.request(p.MetricsRequest(id=new_id())).metrics
 
     def health(self) -> p.HealthEvent:
-        return self.request(p.HealthRequest(type="health", id=new_id()))
+        return self.request(p.HealthRequest(id=new_id()))
 
     def info(self) -> p.InfoEvent:
-        return self.request(p.InfoRequest(type="info", id=new_id()))
+        return self.request(p.InfoRequest(id=new_id()))
 
     def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
-        msg = p.TokenizeRequest(type="tokenize", id=new_id(), content=content, **kw)
+        msg = p.TokenizeRequest(id=new_id(), content=content, **kw)
         return self.request(msg)
 
     def detokenize(self, tokens: list[int]) -> str:
-        msg = p.DetokenizeRequest(type="detokenize", id=new_id(), tokens=tokens)
+        msg = p.DetokenizeRequest(id=new_id(), tokens=tokens)
         return self.request(msg).content

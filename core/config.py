@@ -15,8 +15,7 @@ from typing import Any
 
 import yaml
 
-from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH
-from uma_serve.core.config_options import OPTIONS
+from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
 
 log = logging.getLogger("uma.config")
 

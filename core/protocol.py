@@ -14,35 +14,19 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-# the metrics answer's schema (core/metrics_parts.py, core/metrics_schema.py), re-exported
+# the metrics answer's schema, re-exported
 from uma_serve.core.metrics_parts import (
     Histogram as Histogram,
-)
-from uma_serve.core.metrics_parts import (
     Histograms as Histograms,
-)
-from uma_serve.core.metrics_parts import (
     QosHistograms as QosHistograms,
-)
-from uma_serve.core.metrics_parts import (
     RequestsByReason as RequestsByReason,
-)
-from uma_serve.core.metrics_parts import (
     TickTokens as TickTokens,
-)
-from uma_serve.core.metrics_parts import (
     TokenHistograms as TokenHistograms,
-)
-from uma_serve.core.metrics_parts import (
     TunerState as TunerState,
-)
-from uma_serve.core.metrics_parts import (
     prom_kind as prom_kind,
 )
 from uma_serve.core.metrics_schema import (
     MetricsSnapshot as MetricsSnapshot,
-)
-from uma_serve.core.metrics_schema import (
     metric_fields as metric_fields,
 )
 
@@ -81,10 +65,11 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
     content: str
 
 
-class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class Generate(
+    msgspec.Struct, tag_field="type", tag="generate", forbid_unknown_fields=True, kw_only=True
+):
     """A generation. Exactly one of ``prompt`` and ``messages``."""
 
-    type: Literal["generate"] = "generate"
     id: RequestId
     prompt: str | None = None
     messages: list[Message] | None = None
@@ -128,30 +113,27 @@ class Generate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return [s for s in stops if s]
 
 
-class Cancel(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["cancel"]
+class Cancel(msgspec.Struct, tag_field="type", tag="cancel", forbid_unknown_fields=True):
     id: RequestId
 
 
-class MetricsRequest(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["metrics"]
+class MetricsRequest(msgspec.Struct, tag_field="type", tag="metrics", forbid_unknown_fields=True):
     id: str | None = None
 
 
-class HealthRequest(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["health"]
+class HealthRequest(msgspec.Struct, tag_field="type", tag="health", forbid_unknown_fields=True):
     id: str | None = None
 
 
-class InfoRequest(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["info"]
+class InfoRequest(msgspec.Struct, tag_field="type", tag="info", forbid_unknown_fields=True):
     id: str | None = None
 
 
-class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class TokenizeRequest(
+    msgspec.Struct, tag_field="type", tag="tokenize", forbid_unknown_fields=True, kw_only=True
+):
     """Text to token ids, as llama-server's /tokenize (nothing is generated)."""
 
-    type: Literal["tokenize"]
     id: str | None = None
     content: str
     add_special: bool = False  # prepend BOS (as a prompt is tokenized)
@@ -159,14 +141,16 @@ class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     with_pieces: bool = False  # each token's text too
 
 
-class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class DetokenizeRequest(
+    msgspec.Struct, tag_field="type", tag="detokenize", forbid_unknown_fields=True, kw_only=True
+):
     """Token ids to text, as llama-server's /detokenize."""
 
-    type: Literal["detokenize"]
     id: str | None = None
     tokens: list[int]
 
 
+# every request, told apart by its "type" (a frame without one is a generate)
 Request = (
     Generate
     | Cancel
@@ -176,6 +160,10 @@ Request = (
     | TokenizeRequest
     | DetokenizeRequest
 )
+REQUEST_TYPES: dict[str, type] = {
+    t.__struct_config__.tag: t
+    for t in Request.__args__  # type: ignore[attr-defined]
+}
 
 
 # ---- events (core -> client) ----
@@ -311,20 +299,15 @@ class ProtocolError(Exception):
 
 
 class _Envelope(msgspec.Struct):
-    type: str = "generate"
+    """What any JSON object says of itself: read only to explain a refused frame."""
+
+    type: Any = None
     id: Any = None
 
 
+_request_decoder = msgspec.json.Decoder(Request)
+_generate_decoder = msgspec.json.Decoder(Generate)
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
-_request_decoders: dict[str, msgspec.json.Decoder] = {
-    "generate": msgspec.json.Decoder(Generate),
-    "cancel": msgspec.json.Decoder(Cancel),
-    "metrics": msgspec.json.Decoder(MetricsRequest),
-    "health": msgspec.json.Decoder(HealthRequest),
-    "info": msgspec.json.Decoder(InfoRequest),
-    "tokenize": msgspec.json.Decoder(TokenizeRequest),
-    "detokenize": msgspec.json.Decoder(DetokenizeRequest),
-}
 _event_decoder = msgspec.json.Decoder(Event)
 _TOO_DEEP = "invalid JSON object: nested too deeply (arrays/objects over ~1000 levels)"
 _encoder = msgspec.json.Encoder()
@@ -337,22 +320,35 @@ def decode_request(payload: bytes) -> Request:
     except UnicodeDecodeError as exc:
         raise ProtocolError(E_PROTO, f"frame is not valid UTF-8: {exc.reason}") from None
     try:
-        env = _envelope_decoder.decode(payload)
+        return _request_decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        return _refused(payload, exc)
     except msgspec.DecodeError as exc:
         raise ProtocolError(E_PROTO, f"invalid JSON object: {exc}") from None
     except RecursionError:  # msgspec's parser recurses per nesting level (~1000 at most)
         raise ProtocolError(E_PROTO, _TOO_DEEP) from None
-    request_id = env.id if isinstance(env.id, str) else None
-    decoder = _request_decoders.get(env.type)
-    if decoder is None:
-        known = ", ".join(sorted(_request_decoders))
-        raise ProtocolError(E_PROTO, f"unknown type {env.type!r} (known: {known})", request_id)
+
+
+def _refused(payload: bytes, problem: msgspec.ValidationError) -> Request:
+    """A JSON value the request union refused: a generate without ``type`` (the protocol's
+    default) is decoded as such; anything else is an error naming the type and request id."""
     try:
-        return decoder.decode(payload)
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise ProtocolError(E_PROTO, f"invalid {env.type} request: {exc}", request_id) from None
+        env = _envelope_decoder.decode(payload)
+    except msgspec.DecodeError as exc:  # not an object, or malformed after what was refused
+        raise ProtocolError(E_PROTO, f"invalid JSON object: {exc}") from None
     except RecursionError:
-        raise ProtocolError(E_PROTO, _TOO_DEEP, request_id) from None
+        raise ProtocolError(E_PROTO, _TOO_DEEP) from None
+    request_id = env.id if isinstance(env.id, str) else None
+    kind = "generate" if env.type is None else env.type
+    if not isinstance(kind, str) or kind not in REQUEST_TYPES:
+        known = ", ".join(sorted(REQUEST_TYPES))
+        raise ProtocolError(E_PROTO, f"unknown type {kind!r} (known: {known})", request_id)
+    if env.type is None:
+        try:
+            return _generate_decoder.decode(payload)
+        except msgspec.ValidationError as exc:
+            problem = exc
+    raise ProtocolError(E_PROTO, f"invalid {kind} request: {problem}", request_id)
 
 
 def encode(msg: msgspec.Struct | dict[str, Any]) -> bytes:

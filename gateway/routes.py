@@ -20,8 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import choices
-from uma_serve.gateway import openai_schema as schema
+from uma_serve.gateway import choices, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.router import note_session

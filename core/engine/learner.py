@@ -15,8 +15,15 @@ import time
 from uma_serve.core.engine.tickmodel import OnlineTickModel
 from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import Constraints, EngineStats, Phase, Plan, SchedulerState, plan_shape
-from uma_serve.core.policy import latency_guard as guard
+from uma_serve.core.policy import (
+    Constraints,
+    EngineStats,
+    Phase,
+    Plan,
+    SchedulerState,
+    latency_guard as guard,
+    plan_shape,
+)
 from uma_serve.core.policy.bmt import tick_bytes
 
 EWMA_ALPHA = 0.2

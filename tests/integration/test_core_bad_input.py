@@ -45,7 +45,7 @@ def test_invalid_request_gets_error_and_connection_survives(umad, payload: bytes
     s.sendall(frame(payload))
     ev = read_event(s)
     assert isinstance(ev, p.ErrorEvent) and ev.code == code and ev.message
-    s.sendall(p.encode(p.HealthRequest(type="health", id="h")))  # still served
+    s.sendall(p.encode(p.HealthRequest(id="h")))  # still served
     assert isinstance(read_event(s), p.HealthEvent)
     s.close()
 
@@ -99,8 +99,8 @@ def test_more_than_max_sessions_is_busy(umad) -> None:
 
 def test_unknown_cancel_is_harmless(umad) -> None:
     s = raw_socket(umad.socket)
-    s.sendall(p.encode(p.Cancel(type="cancel", id="nobody")))
-    s.sendall(p.encode(p.HealthRequest(type="health", id="h")))
+    s.sendall(p.encode(p.Cancel(id="nobody")))
+    s.sendall(p.encode(p.HealthRequest(id="h")))
     assert isinstance(read_event(s), p.HealthEvent)
     s.close()
 
@@ -147,6 +147,6 @@ def test_deeply_nested_json_is_answered_and_other_streams_go_on(umad, depth: int
     assert "nested too deep" in errors[0].message
     assert events[-1].id == "live" and events[-1].reason == "length"
     assert events[-1].usage.completion_tokens == 30  # the stream was not cut
-    s.sendall(p.encode(p.HealthRequest(type="health", id="h")))
+    s.sendall(p.encode(p.HealthRequest(id="h")))
     assert isinstance(read_event(s), p.HealthEvent)
     s.close()

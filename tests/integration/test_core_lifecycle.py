@@ -105,9 +105,7 @@ def test_client_that_never_reads_is_cancelled_others_keep_going(small_daemon) ->
     req = gen("Never read:", id="slow", max_tokens=1000, ignore_eos=True)
     slow.sendall(p.encode(req))
     # Flood the connection with answers it does not read: its write buffer passes the bound.
-    slow.sendall(
-        b"".join(p.encode(p.MetricsRequest(type="metrics", id=f"m{i}")) for i in range(400))
-    )
+    slow.sendall(b"".join(p.encode(p.MetricsRequest(id=f"m{i}")) for i in range(400)))
     with small_daemon.client() as c:  # another client is served meanwhile
         done = c.complete(gen("Other client", max_tokens=5))
     assert done.usage.completion_tokens >= 1
@@ -128,7 +126,7 @@ def test_admin_flood_without_reading_is_bounded_then_closed(small_daemon) -> Non
     """Admin answers count against --max-write-buffer-bytes like tokens: a client that asks
     for 20,000 metrics snapshots (~60 MB of answers) without reading gets E_IO_001 and EOF
     after a bounded number of bytes, and the daemon's queue for it is freed."""
-    flood = b"".join(p.encode(p.MetricsRequest(type="metrics", id=f"m{i}")) for i in range(20000))
+    flood = b"".join(p.encode(p.MetricsRequest(id=f"m{i}")) for i in range(20000))
     s = raw_socket(small_daemon.socket, timeout=60)
 
     def send() -> None:
@@ -185,7 +183,7 @@ def test_sigterm_drain_lets_running_requests_finish_and_refuses_new_ones(tmp_pat
     daemon.proc.send_signal(signal.SIGTERM)
     wait_for_log(daemon, "draining")
     late = raw_socket(daemon.socket)  # new connections are still accepted during the drain
-    late.sendall(p.encode(p.HealthRequest(type="health", id="h")))
+    late.sendall(p.encode(p.HealthRequest(id="h")))
     health = read_event(late)
     late.sendall(p.encode(gen("Too late", id="late")))
     refused = read_event(late)

@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from .gateway_fixtures import *  # noqa: F403
 from .gateway_fixtures import start_gateway, wait_idle

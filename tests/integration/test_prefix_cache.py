@@ -160,7 +160,7 @@ def test_a_cancelled_requests_prefix_stays_usable(cached: Daemon, plain: Daemon)
         req = gen(sys_c + QUESTIONS[0], max_tokens=200, ignore_eos=True)
         for event in c.stream(req):
             if isinstance(event, p.TokenEvent):
-                c.send(p.Cancel(type="cancel", id=req.id))
+                c.send(p.Cancel(id=req.id))
                 break
         for event in iter(c.read_event, None):
             if isinstance(event, p.EosEvent):

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from uma_serve.core.config import default_model_path
 from uma_serve.core.prompt_tokens import MIN_REUSE_BYTES, PromptTokenizer, common_prefix_len

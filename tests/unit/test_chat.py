@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, builtin_template, normalize
 

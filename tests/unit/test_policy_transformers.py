@@ -6,8 +6,15 @@ from dataclasses import replace
 
 from uma_serve.core.engine.learner import TickLearner
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import BatchItem, Constraints, EngineStats, Phase, Plan, SchedulerState
-from uma_serve.core.policy import SessionView as View
+from uma_serve.core.policy import (
+    BatchItem,
+    Constraints,
+    EngineStats,
+    Phase,
+    Plan,
+    SchedulerState,
+    SessionView as View,
+)
 from uma_serve.core.policy.bmt import BmtGuard, tick_bytes, weight_bytes
 from uma_serve.core.policy.cost import TickCost
 from uma_serve.core.policy.lanes import QosLanes

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from uma_serve.core.policy import (
     BatchItem,

@@ -6,8 +6,7 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from uma_serve.core import protocol as p
 
