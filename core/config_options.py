@@ -58,7 +58,7 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "scheduler.tick_budget_ms",
     ),
     "prefill_burst": (
-        "prompt tokens one session prefills per round of the rotation",
+        "prompt tokens one request prefills per round of the rotation",
         "scheduler.prefill_burst",
     ),
     "policy": (
@@ -110,9 +110,11 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "the user's other programs then preempt token compute at once (0: off)",
         None,
     ),
-    "starve_ms": ("longest wait between two advances of any session", "scheduler.starve_ms"),
+    "starve_ms": ("longest wait between two advances of any request", "scheduler.starve_ms"),
     "bmt_budget": (
-        "ΣBMT guard: bandwidth budget in GB/s (0: off; `bench calibrate` measures it)",
+        "bandwidth guard: the machine's bandwidth in GB/s; the bytes a tick moves (weights plus "
+        "attended KV) stay within it times the tick's time budget (0: off; `bench calibrate` "
+        "measures it)",
         "scheduler.bmt_budget",
     ),
     "reserved_interactive_seqs": (

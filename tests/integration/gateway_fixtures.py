@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +71,17 @@ class Gateway:
                 self.proc.wait()
 
 
-def start_gateway(core_socket: str, *args: str, log_dir: Path | None = None) -> Gateway:
-    """Start uma-gateway as a process and wait until it answers HTTP (any status)."""
+def start_gateway(
+    core_socket: str, *args: str, log_dir: Path | None = None, wrap: Sequence[str] = ()
+) -> Gateway:
+    """Start uma-gateway as a process and wait until it answers HTTP (any status); ``wrap``
+    is a command that runs it (e.g. a sandbox)."""
     port = free_port()
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="uma-gw-"))
     log_path = log_dir / f"gateway-{port}.log"
     proc = subprocess.Popen(
         [
+            *wrap,
             str(VENV_BIN / "uma-gateway"),
             "--core-socket", core_socket, "--port", str(port), "--log-level", "warning", *args,
         ],

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,16 @@ class Daemon:
         return self.proc.wait(timeout)
 
 
-def start_daemon(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
-    """Start umad on a socket in ``tmp`` and wait until it answers a health request."""
+def start_daemon(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, wrap: Sequence[str] = ()
+) -> Daemon:
+    """Start umad on a socket in ``tmp`` and wait until it answers a health request; ``wrap``
+    is a command that runs it (e.g. a sandbox)."""
     socket_path = str(tmp / "uma.sock")
     log_path = tmp / "umad.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [str(VENV_BIN / "umad"), "--socket", socket_path, *args],
+        [*wrap, str(VENV_BIN / "umad"), "--socket", socket_path, *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

@@ -1,6 +1,13 @@
+import argparse
+import re
+from pathlib import Path
+
 import pytest
 
 from uma_serve.core import config as cfg
+from uma_serve.gateway import main as gateway_main
+
+CONFIG_DOC = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
 
 
 def test_defaults() -> None:
@@ -89,10 +96,59 @@ def test_help_documents_every_option(capsys) -> None:
 
 
 def test_config_doc_lists_every_option() -> None:
-    from pathlib import Path
+    assert cfg.options_table() in CONFIG_DOC
 
-    doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
-    assert cfg.options_table() in doc
+
+def flags(ap: argparse.ArgumentParser) -> set[str]:
+    return {o for a in ap._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+
+
+def gateway_rows() -> dict[str, list[str]]:
+    """docs/CONFIG.md's gateway table: flag -> its cells (flag, env, default, meaning)."""
+    section = CONFIG_DOC[CONFIG_DOC.index("## The gateway's options") :]
+    section = section[: section.index("\n## ")]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| `--")]
+    return {row[0].split("`")[1].split()[0]: [c.strip() for c in row] for row in rows}
+
+
+def test_config_doc_lists_every_gateway_flag_with_its_default(monkeypatch) -> None:
+    ap = gateway_main.parser()
+    rows = gateway_rows()
+    assert set(rows) == flags(ap)
+    monkeypatch.delenv("UMA_SOCKET", raising=False)
+    effective = {"--core-socket": gateway_main.settings_from(ap.parse_args([])).core_sockets[0]}
+    for action in ap._actions:
+        flag = action.option_strings[-1]
+        if flag == "--help":
+            continue
+        documented = rows[flag][2].strip("`")
+        if flag in effective:
+            assert documented == effective[flag], flag
+        elif action.default in (None, [], False):
+            assert documented in ("none", "off"), flag
+        elif isinstance(action.default, int | float):
+            assert float(documented) == action.default, flag
+        else:
+            assert documented == action.default, flag
+
+
+def test_config_doc_names_no_option_that_does_not_exist() -> None:
+    foreign = {"--parallel"}  # llama-server's, named for comparison
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", CONFIG_DOC))
+    unknown = named - flags(cfg.parser()) - flags(gateway_main.parser()) - {"--help"} - foreign
+    assert not unknown
+    gateway_env = re.findall(r'env_list\("(UMA_\w+)"\)', Path(gateway_main.__file__).read_text())
+    known_env = {cfg.env_name(n) for n in [*cfg.OPTIONS, *cfg.REMOVED_OPTIONS]}
+    known_env |= {"UMA_CONFIG", *gateway_env}
+    assert set(re.findall(r"\bUMA_[A-Z_]+\b", CONFIG_DOC)) <= known_env
+
+
+def test_config_doc_yaml_example_loads(tmp_path) -> None:
+    example = re.search(r"```yaml\n(.*?)```", CONFIG_DOC, re.S)
+    assert example is not None
+    (tmp_path / "uma.yaml").write_text(example[1])
+    c = cfg.load(["--config", str(tmp_path / "uma.yaml")], environ={})
+    assert (c.max_sessions, c.model) == (32, "/models/my-model.gguf")
 
 
 def test_removed_options_are_accepted_with_a_warning(tmp_path, caplog) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -162,3 +165,54 @@ def test_fuzz_frames(body: bytes, declared: int) -> None:
         assert exc.code == p.E_FRAME and declared > 1024
     else:
         assert payload == body[:declared]
+
+
+# ---- docs/PROTOCOL.md against core/protocol.py ----
+
+PROTOCOL_DOC = (Path(__file__).parents[2] / "docs" / "PROTOCOL.md").read_text()
+
+
+def doc_section(title: str) -> str:
+    start = PROTOCOL_DOC.index(f"\n## {title}")
+    end = PROTOCOL_DOC.find("\n## ", start + 1)
+    return PROTOCOL_DOC[start : end if end > 0 else None]
+
+
+def first_cells(section: str) -> list[str]:
+    """The first cell of each body row of the section's tables."""
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
+    return [cell for cell in rows if not set(cell) <= set("- ")][1:]
+
+
+def test_protocol_doc_names_every_request_type_and_no_other() -> None:
+    types = {get_args(get_type_hints(cls)["type"])[0] for cls in get_args(p.Request)}
+    assert len(types) == len(get_args(p.Request))
+    documented = set(re.findall(r'"type": "(\w+)"', PROTOCOL_DOC))
+    assert documented == types
+
+
+def test_protocol_doc_names_every_event_and_no_other() -> None:
+    events = {cls.__struct_config__.tag for cls in get_args(p.Event)}
+    assert set(re.findall(r'"event": "(\w+)"', PROTOCOL_DOC)) == events
+
+
+def test_protocol_doc_lists_every_error_code_and_no_other() -> None:
+    codes = {v for k, v in vars(p).items() if k.startswith("E_") and isinstance(v, str)}
+    assert len(codes) >= 12
+    table = [cell.strip("`") for cell in first_cells(doc_section("Error codes"))]
+    assert sorted(table) == sorted(codes)  # one row each
+    assert set(re.findall(r"\bE_[A-Z]+_\d{3}\b", PROTOCOL_DOC)) == codes
+
+
+def test_protocol_doc_lists_every_generate_field_and_no_other() -> None:
+    cells = first_cells(doc_section("Requests").split("Other requests")[0])
+    documented = {name for cell in cells for name in re.findall(r"`(\w+)`", cell)}
+    assert documented == set(p.Generate.__struct_fields__) - {"type"}
+
+
+def test_protocol_doc_names_every_uma_cli_flag_and_no_other() -> None:
+    from uma_serve.clients.cli import parser
+
+    ap = parser()
+    flags = {o for a in ap._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", doc_section("uma-cli"))) == flags
