@@ -4,32 +4,109 @@
     out = executor.run(batch)                     # decode, sample the rows
     events = scheduler.postprocess(batch, out)    # tokens -> text, stops, ends
 
-The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``
-(an inbox under a Condition) and gets each tick's events through ``sink`` in one call. With
-no work the thread sleeps on the Condition: no polling, no fixed sleeps.
+The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
+which post to the ``Inbox`` under one Condition; the engine thread takes everything posted at
+once between ticks and gets each tick's events to ``sink`` in one call. With no work the
+thread sleeps on the Condition: no polling, no fixed sleeps.
+
+The inbox also holds the abort window: while the engine runs a tick that no interactive
+request waits on (a long background tick, docs/POLICY.md "Quiet periods"), an interactive
+arrival stops that decode at once instead of waiting for it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 
+import msgspec
+
 from uma_serve.core.engine.executor import Executor
-from uma_serve.core.engine.inbox import Cancel, CancelConnection, Inbox, Op, Submission
 from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
-from uma_serve.core.engine.sequence import RequestKey
+from uma_serve.core.engine.sequence import RequestKey, Submission
 from uma_serve.core.engine.tick import Outgoing
 from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.sampler import Sampler
+from uma_serve.core.sampling import Sampler
 
 log = logging.getLogger("uma.engine")
 Sink = Callable[[list[Outgoing]], None]
+
+
+class Cancel(msgspec.Struct, frozen=True, tag=True):
+    """Cancel one request (a client's cancel)."""
+
+    key: RequestKey
+
+
+class CancelConnection(msgspec.Struct, frozen=True, tag=True):
+    """Cancel every request of a connection (it closed)."""
+
+    conn_id: int
+
+
+# what the inbox carries besides the stop order: a tagged union, handled with ``match``
+Op = Submission | Cancel | CancelConnection
+
+
+class Inbox:
+    def __init__(self, abort: Callable[[], None], clear_abort: Callable[[], None]) -> None:
+        self._cond = threading.Condition()
+        self._items: deque[Op] = deque()
+        self._stop_reason: str | None = None
+        self._abort, self._clear_abort = abort, clear_abort
+        self._window_open = False
+        self._interactive_waiting = False  # an interactive arrival the engine has not taken
+
+    # ---- I/O thread ----
+
+    def post(self, op: Op, interactive: bool = False) -> None:
+        with self._cond:
+            self._items.append(op)
+            if interactive:
+                self._interactive_waiting = True
+                if self._window_open:
+                    self._abort()
+            self._cond.notify()
+
+    def stop(self, reason: str) -> None:
+        with self._cond:
+            self._stop_reason = reason
+            self._cond.notify()
+
+    # ---- engine thread ----
+
+    def take(
+        self, busy: Callable[[], bool], on_idle: Callable[[], None]
+    ) -> tuple[list[Op], str | None]:
+        """Everything posted so far and the stop reason (if any); sleeps while there is
+        nothing to take and ``busy()`` is false."""
+        with self._cond:
+            while not (self._items or self._stop_reason or busy()):
+                on_idle()
+                self._cond.wait()
+            items = list(self._items)
+            self._items.clear()
+            self._interactive_waiting = False
+            return items, self._stop_reason
+
+    def open_abort_window(self) -> None:
+        """Before an abortable decode; an interactive arrival not yet taken aborts it now."""
+        with self._cond:
+            self._window_open = True
+            if self._interactive_waiting:
+                self._abort()
+
+    def close_abort_window(self) -> None:
+        with self._cond:
+            self._window_open = False
+            self._clear_abort()
 
 
 class Engine:

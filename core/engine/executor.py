@@ -11,23 +11,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from uma_serve.core import protocol as p
-from uma_serve.core.engine.inbox import Inbox
 from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.engine.tick import Batch, Failure, Sampled, TickResult
 from uma_serve.core.faults import DECODE_FAIL_RC
 from uma_serve.core.policy import BatchItem, Phase
 from uma_serve.core.runtime import Span
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.sampler import Row, Sampler
+from uma_serve.core.sampling import Row, Sampler
 
 ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 
 
+class AbortWindow(Protocol):
+    """The engine's inbox, as the executor sees it: a chat turn's arrival while the window is
+    open aborts the decode."""
+
+    def open_abort_window(self) -> None: ...
+    def close_abort_window(self) -> None: ...
+
+
 class Executor:
     def __init__(
-        self, runtime: RuntimeApi, sampler: Sampler, inbox: Inbox, fail_decode: str | None = None
+        self,
+        runtime: RuntimeApi,
+        sampler: Sampler,
+        inbox: AbortWindow,
+        fail_decode: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.sampler = sampler

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from uma_serve.core import protocol as p
-from uma_serve.core.engine.inbox import Submission
 from uma_serve.core.engine.learner import TickLearner
-from uma_serve.core.engine.sequence import Sequence
+from uma_serve.core.engine.sequence import Sequence, Submission
 from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
 from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.engine.waiting import WaitingQueue
@@ -26,7 +25,7 @@ from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.sampler import Sampler
+from uma_serve.core.sampling import Sampler
 from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
 from uma_serve.core.spec.ngram import NgramIndex
 

@@ -1,8 +1,11 @@
-"""Engine-side state of one generation request, from admission to its final event."""
+"""One generation request in the engine: as the I/O thread hands it over (``Submission``) and
+as the engine holds it from admission to its final event (``Sequence``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import msgspec
 
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Phase, SessionView
@@ -13,6 +16,15 @@ from uma_serve.core.spec.ngram import NgramIndex
 from uma_serve.core.textstream import TextStream
 
 RequestKey = tuple[int, str]  # (connection id, request id)
+
+
+class Submission(msgspec.Struct, frozen=True, tag=True):
+    """A request as the I/O thread hands it over: tokenized, stamped on arrival."""
+
+    key: RequestKey
+    request: p.Generate
+    prompt: list[int]
+    arrival_ns: int
 
 
 @dataclass(eq=False)

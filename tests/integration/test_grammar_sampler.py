@@ -11,8 +11,7 @@ import pytest
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 from uma_serve.core.runtime.grammar import GrammarError, check_grammar
-from uma_serve.core.sampler import Row, Sampler
-from uma_serve.core.sampling import SamplerState
+from uma_serve.core.sampling import Row, Sampler, SamplerState
 
 from .helpers import gen
 

@@ -31,7 +31,7 @@ def chain(rt: Runtime, params: SamplingParams) -> LlamaChain:
 
 
 def ours(state: SamplerState, row: np.ndarray) -> int:
-    """A whole host row through the engine's chain (core/sampler.py's host path)."""
+    """A whole host row through the engine's chain (core/sampling.py's host path)."""
     state.prepare(row)
     cut = state.cut(row)
     token = draw([state], *stack([cut]), by_id=len(cut.ids) == len(row))[0]
