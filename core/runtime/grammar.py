@@ -4,9 +4,9 @@ llama.cpp's grammar sampler checks a candidate token by matching its text agains
 grammar's parse stacks: ~0.3 us a token, so masking the whole 262,144-token row costs
 50-100 ms here, far more than a tick. As llama.cpp's common sampler does, the token is first
 drawn without the grammar and kept when the grammar accepts it (one check); only otherwise is
-the row masked, and then only as far as needed: the row's best tokens in growing slices
-(64, 1,024, 16,384, all) until ``top_k`` of them pass (greedy: one), so the top-k of the
-allowed tokens is what a whole-row mask would give, or until the tokens not yet checked are
+the row masked, and then only as far as needed: the row's best tokens in growing bands below
+its peak (4, 8, 12, 16, 24 logits, then all) until ``top_k`` of them pass (greedy: one), so
+the top-k of the allowed tokens is what a whole-row mask would give, or until those not checked are
 all too unlikely to be drawn (under the best allowed token's by min-p's ratio, or together
 under 1e-4 of it without min-p): without that, a grammar allowing fewer than ``top_k``
 tokens (a quote, a brace) scans the whole row at every such step. The chain itself (bias,
@@ -24,7 +24,7 @@ import numpy as np
 
 from uma_serve.core.runtime.params import SamplingParams
 
-SLICES = (64, 1024, 16384)
+BANDS = (4.0, 8.0, 12.0, 16.0, 24.0)  # logits below the row's peak, checked band by band
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
@@ -87,9 +87,11 @@ class Grammar:
         return np.isfinite(data["logit"])
 
     def allowed(self, logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-        """The allowed candidates among the row's best, in growing slices, until the slice
-        holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row), so they hold
-        the allowed top-k exactly. EOG tokens are checked with the first slice."""
+        """The allowed candidates among the row's best, in growing bands below its peak,
+        until the band holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row),
+        so they hold the allowed top-k exactly. EOG tokens are checked with the first band.
+        A band is one comparison over the row (an exact top-n would be a partition of it:
+        ten times the cost, and most of a constrained token's)."""
         n = len(logits)
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
@@ -97,18 +99,19 @@ class Grammar:
         # the best one's probability
         temp = max(p.temperature, 1e-6)
         cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
+        peak = float(logits.max())
         checked = np.zeros(n, dtype=bool)
         ok: list[np.ndarray] = []
         cands = self._eog
-        for size in (*[s for s in SLICES if s < n], n):
-            top = np.argpartition(logits, n - size)[n - size :] if size < n else np.arange(n)
-            cands = np.concatenate([cands, top])
+        for gap in (*BANDS, math.inf):
+            floor = peak - gap  # every unchecked token is below it
+            band = np.flatnonzero(logits >= floor) if gap < math.inf else np.arange(n)
+            cands = np.concatenate([cands, band])
             cands = np.unique(cands[~checked[cands]])
             checked[cands] = True
             ok.append(cands[self.allows(cands, logits[cands])])
             allowed = np.concatenate(ok)
-            floor = float(logits[top].min())  # every unchecked token is at or below it
-            if size >= n or int((logits[allowed] >= floor).sum()) >= need:
+            if gap == math.inf or int((logits[allowed] >= floor).sum()) >= need:
                 break
             if len(allowed) and floor < float(logits[allowed].max()) + cut:
                 break  # the unchecked tokens are all too unlikely to be drawn
