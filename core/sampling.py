@@ -263,24 +263,34 @@ def sampling_params(req: p.Generate) -> SamplingParams:
 
 
 class Sampler:
+    """Samples a decode's rows; owns which sequences have their device top-k detached."""
+
     def __init__(self, runtime: RuntimeApi) -> None:
         self.runtime = runtime
         self.device_k = runtime.params.device_top_k  # > 0: candidates come from the device
+        # Sequence ids whose device top-k is detached. Each change costs llama.cpp a graph
+        # reservation (tens of ms on a GPU), so an id stays detached after its request until a
+        # request that can use the device's candidates gets it: free ids are reused last in,
+        # first out, so constrained requests one after another keep one detached id.
+        self.detached: set[int] = set()
 
     def new(self, seq_id: int, req: p.Generate, default_seed: int) -> SamplerState:
         grammar = None if req.grammar is None else self.runtime.grammar(req.grammar)
         state = SamplerState(sampling_params(req), default_seed, grammar)
-        if self.device_k and (state.needs_full_row(self.device_k) or req.logprobs is not None):
+        if not self.device_k:
+            return state
+        state.full_row = state.needs_full_row(self.device_k) or req.logprobs is not None
+        if state.full_row and seq_id not in self.detached:
             self.runtime.set_device_top_k(seq_id, False)
-            state.full_row = True
+            self.detached.add(seq_id)
+        elif not state.full_row and seq_id in self.detached:
+            self.runtime.set_device_top_k(seq_id, True)
+            self.detached.discard(seq_id)
         return state
 
-    def release(self, seq_id: int, state: SamplerState | None) -> None:
-        if state is None:
-            return
-        state.free()
-        if state.full_row:  # give the sequence its device top-k back
-            self.runtime.set_device_top_k(seq_id, True)
+    def release(self, state: SamplerState | None) -> None:
+        if state is not None:
+            state.free()
 
     def sample(self, rows: list[Row]) -> list[tuple[int, p.Logprobs | None]]:
         """The tokens of a tick's rows, and each one's logprobs when its request asks."""

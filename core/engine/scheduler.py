@@ -288,7 +288,7 @@ class Scheduler:
             _emit_text(seq, rest, token, None, out)
         if seq.seq_id >= 0 and self.running.pop(seq.seq_id, None) is seq:
             self._ended.append((seq, reason))
-        self._sampler.release(seq.seq_id, seq.sampler)
+        self._sampler.release(seq.sampler)
         m = self.metrics
         m.requests_total[reason] += 1
         m.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)

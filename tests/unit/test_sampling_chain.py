@@ -131,3 +131,35 @@ def test_bias_and_penalties_change_the_row_before_the_cut() -> None:
     penalized = SamplerState(SamplingParams(temperature=0.0, presence_penalty=6.0), 0)
     assert _host(penalized, row.copy()) == 3  # no history yet
     assert _host(penalized, row.copy()) == 0  # token 3 now 5 - 6 < 0: the lowest id at 0 wins
+
+
+class _DeviceTopK:
+    """What the sampler asks of a runtime with a device top-k: the (de)tach calls, recorded."""
+
+    params = type("Params", (), {"device_top_k": K})()
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool]] = []
+
+    def set_device_top_k(self, seq_id: int, on: bool) -> None:
+        self.calls.append((seq_id, on))
+
+
+def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device() -> None:
+    """Each (de)tach costs a graph reservation: constrained requests one after another on one
+    sequence id detach it once; a plain request there attaches it again, once."""
+    from uma_serve.core import protocol as p
+    from uma_serve.core.sampling import Sampler
+
+    runtime = _DeviceTopK()
+    sampler = Sampler(runtime)  # type: ignore[arg-type]
+    penalised = p.Generate(id="a", prompt="x", repeat_penalty=1.2)
+    plain = p.Generate(id="b", prompt="x")
+    for _ in range(3):
+        sampler.release(sampler.new(5, penalised, 0))
+    assert runtime.calls == [(5, False)]
+    assert sampler.new(5, plain, 0).full_row is False and runtime.calls[-1] == (5, True)
+    sampler.new(6, plain, 0)
+    assert len(runtime.calls) == 2  # an attached id stays as it is
+    assert sampler.new(6, p.Generate(id="c", prompt="x", logprobs=2), 0).full_row
+    assert runtime.calls[-1] == (6, False)
