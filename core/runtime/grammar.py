@@ -100,22 +100,19 @@ class Grammar:
         temp = max(p.temperature, 1e-6)
         cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
         peak = float(logits.max())
-        checked = np.zeros(n, dtype=bool)
         ok: list[np.ndarray] = []
-        cands = self._eog
+        cands, above = self._eog, math.inf
         for gap in (*BANDS, math.inf):
             floor = peak - gap  # every unchecked token is below it
-            band = np.flatnonzero(logits >= floor) if gap < math.inf else np.arange(n)
-            cands = np.concatenate([cands, band])
-            cands = np.unique(cands[~checked[cands]])
-            checked[cands] = True
+            band = np.flatnonzero((logits >= floor) & (logits < above))  # the new ones
+            cands = np.concatenate([cands, band[~np.isin(band, self._eog)]])
             ok.append(cands[self.allows(cands, logits[cands])])
             allowed = np.concatenate(ok)
             if gap == math.inf or int((logits[allowed] >= floor).sum()) >= need:
                 break
             if len(allowed) and floor < float(logits[allowed].max()) + cut:
                 break  # the unchecked tokens are all too unlikely to be drawn
-            cands = np.empty(0, dtype=np.int64)
+            cands, above = np.empty(0, dtype=np.int64), floor
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
         return allowed, logits[allowed]
