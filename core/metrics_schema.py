@@ -203,7 +203,7 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     bmt_estimate_last: Annotated[
         float,
         _m(
-            "the bandwidth guard's estimate (ΣBMT) of the bytes the last tick moves: weights plus "
+            "the bandwidth guard's estimate of the bytes the last tick moves: weights plus "
             "attended KV (0 without `--bmt-budget`)",
             "uma_bmt_estimate_bytes",
             "Estimated bytes the last tick moved.",
@@ -214,7 +214,7 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         _m(
             "the bandwidth guard's budget in bytes/s (`--bmt-budget`; 0: guard off)",
             "uma_bmt_budget_bytes_per_second",
-            "ΣBMT guard budget (0: off).",
+            "the bandwidth guard's budget (0: off).",
         ),
     ] = 0.0
     tuner: Annotated[

@@ -108,8 +108,8 @@ class SamplerState:
         """The prepared row's candidates: what the chain's truncations can keep."""
         prm = self.p
         if prm.temperature <= 0.0:
-            best = int(np.argmax(row))  # the first maximum: the lowest id on a tie
-            return Candidates(np.array([best]), row[[best]])
+            best = np.argmax(row, keepdims=True)  # the first maximum: the lowest id on a tie
+            return Candidates(best, row[best])
         peak = float(row.max())
         if 0 < prm.top_k < row.shape[0]:
             ids = top_k_ids(row, prm.top_k, peak)
@@ -190,6 +190,9 @@ def _sample(
 
 def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows of candidates as one (rows, width) array pair, padded with logit -inf."""
+    if len(cands) == 1:  # nothing to pad (a verified draft's row, a lone stream)
+        (c,) = cands
+        return c.ids[None], c.logits[None], np.array([c.rest])
     width = max(len(c.ids) for c in cands)
     ids = np.full((len(cands), width), NO_ID, dtype=np.int64)
     logits = np.full((len(cands), width), -np.inf, dtype=np.float32)

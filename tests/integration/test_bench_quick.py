@@ -106,3 +106,22 @@ def test_bench_peers_quick(tmp_path: Path) -> None:
         assert summary["results"]["solo"][server]["output_tokens"] > 0
         assert summary["results"]["sweep"][server]["c4"]["output_tok_per_s"] > 0
     assert (out / "peers.csv").exists() and (out / "sweep_frontier.png").exists()
+
+
+def test_bench_grammar_mix_quick(tmp_path: Path) -> None:
+    """The constrained side requests' answers parse; the three phases are measured."""
+    out = tmp_path / "grammar-mix"
+    proc = subprocess.run(
+        [BENCH, "grammar-mix", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == 0, summary.get("errors")
+    assert summary["constrained_requests"] > 0
+    assert summary["constrained_parsed"] == summary["constrained_complete"] > 0
+    for key in ("alone_tok_per_s", "plain_tok_per_s", "mixed_tok_per_s"):
+        assert summary[key] > 0, key
+    assert summary["mixed_over_plain"] > 0 and summary["beside_over_alone"] > 0
