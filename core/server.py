@@ -222,6 +222,36 @@ class CoreServer:
                 conn.send(self.tokens(request))
 
     def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
+        """Submit the request to the engine, or the (code, message) refusing it."""
+        refusal = self._limits(conn, req)
+        if refusal is not None:
+            return refusal
+        if req.messages is not None:
+            if self.chat is None:
+                return p.E_MODEL, "the model has no chat template: send a prompt instead"
+            try:
+                turns = normalize([(m.role, m.content) for m in req.messages])
+                parts = self.chat.render_parts(turns)
+            except ChatTemplateError as exc:
+                return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
+            tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
+        else:
+            tokens = self.tokenizer.tokenize(req.prompt or "")
+        if not tokens:
+            return p.E_PROTO, "the prompt is empty"
+        room = self.runtime.n_ctx_per_seq
+        if len(tokens) + 1 > room:
+            return (
+                p.E_LIMIT,
+                f"prompt of {len(tokens)} tokens does not fit the context ({room} per sequence)",
+            )
+        conn.inflight.add(req.id)
+        self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
+        return None
+
+    def _limits(self, conn: Connection, req: p.Generate) -> tuple[str, str] | None:
+        """What refuses a request before its prompt is tokenized: the daemon's state, the
+        configured limits, values the model cannot take."""
         c = self.config
         if self.draining:
             return p.E_SHUTDOWN, "the daemon is shutting down"
@@ -246,31 +276,8 @@ class CoreServer:
         else:
             size = len((req.prompt or "").encode())
         if size > c.max_prompt_bytes:
-            return (
-                p.E_LIMIT,
-                f"prompt of {size} bytes is over max_prompt_bytes {c.max_prompt_bytes}",
-            )
-        if req.messages is not None:
-            if self.chat is None:
-                return p.E_MODEL, "the model has no chat template: send a prompt instead"
-            try:
-                turns = normalize([(m.role, m.content) for m in req.messages])
-                parts = self.chat.render_parts(turns)
-            except ChatTemplateError as exc:
-                return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
-            tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
-        else:
-            tokens = self.tokenizer.tokenize(req.prompt or "")
-        if not tokens:
-            return p.E_PROTO, "the prompt is empty"
-        room = self.runtime.n_ctx_per_seq
-        if len(tokens) + 1 > room:
-            return (
-                p.E_LIMIT,
-                f"prompt of {len(tokens)} tokens does not fit the context ({room} per sequence)",
-            )
-        conn.inflight.add(req.id)
-        self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
+            limit = c.max_prompt_bytes
+            return p.E_LIMIT, f"prompt of {size} bytes is over max_prompt_bytes {limit}"
         return None
 
     def tokens(self, req: p.TokenizeRequest | p.DetokenizeRequest) -> p.Event:

@@ -83,13 +83,55 @@ class Runtime(KvMemory):
         if not path.is_file():
             raise FileNotFoundError(f"model file not found: {path}")
         ll.llama_backend_init()
+        self.model = self._load_model(path, params)
+        cparams = self._context_params(params)
+        self.ctx = ll.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            raise RuntimeError("llama.cpp could not create a context (n_ctx too large?)")
+        _abort_flags.append(self._abort)
+        # start-up's messages are logged; past it ggml's only at debug level (llama.cpp's always)
+        debug = _llama_log.isEnabledFor(logging.DEBUG)
+        _ggml_log_set(_log_callback if debug else _SILENT_LOG, None)
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.n_batch = params.n_batch
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_per_seq = self.n_ctx // params.n_seq
+        self.info = ModelInfo(self.model)  # metadata, the policy's facts, the bench's shape
+        self.model_name = self.info.name or path.stem
+        self.model_path = str(path)
+        self.threads = cparams.n_threads
+        self._init_batch(params.n_batch)
+        self._pieces: dict[int, bytes] = {}
+        self._shadow_lag = self._shadow_lag_for(params)
+        self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
+        self._cand_ids = np.zeros((0, params.device_top_k), dtype=np.int32)
+        self._cand_logits = np.zeros((0, params.device_top_k), dtype=np.float32)
+        log.info(
+            "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
+            self.model_name,
+            self.n_ctx,
+            self.n_ctx_per_seq,
+            params.n_seq,
+            params.n_batch,
+            self.threads,
+        )
+
+    def _load_model(self, path: Path, params: RuntimeParams) -> ll.llama_model_p:
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = params.n_gpu_layers
         self._set_split(mparams, params)
         mparams.use_extra_bufts = False  # AMX/repacked weights crash llama_decode on these CPUs
-        self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self.model:
+        model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
             raise RuntimeError(f"llama.cpp could not load the model {path}")
+        return model
+
+    def _context_params(self, params: RuntimeParams) -> Any:
+        """llama.cpp's context parameters; sets the ids, the device top-k chains and the abort
+        flag the context is created with."""
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = params.n_ctx
         cparams.n_batch = params.n_batch
@@ -114,56 +156,26 @@ class Runtime(KvMemory):
         # attached at creation (one graph reservation for good, not one per request)
         self._top_k_chains = [self._top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
         if params.device_top_k > 0:
-            configs = (ll.llama_sampler_seq_config * params.n_seq)()
+            self._sampler_configs = (ll.llama_sampler_seq_config * params.n_seq)()
             for seq_id, chain in enumerate(self._top_k_chains):
-                configs[seq_id].seq_id = seq_id
-                configs[seq_id].sampler = ctypes.cast(chain, ctypes.c_void_p)
-            cparams.samplers, cparams.n_samplers = configs, params.n_seq
+                self._sampler_configs[seq_id].seq_id = seq_id
+                self._sampler_configs[seq_id].sampler = ctypes.cast(chain, ctypes.c_void_p)
+            cparams.samplers, cparams.n_samplers = self._sampler_configs, params.n_seq
         self._abort = ctypes.create_string_buffer(2)
         cparams.abort_callback = _STRLEN_ABORT
         cparams.abort_callback_data = ctypes.cast(self._abort, ctypes.c_void_p)
-        self.ctx = ll.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            ll.llama_model_free(self.model)
-            raise RuntimeError("llama.cpp could not create a context (n_ctx too large?)")
-        _abort_flags.append(self._abort)
-        # start-up's messages are logged; past it ggml's only at debug level (llama.cpp's always)
-        debug = _llama_log.isEnabledFor(logging.DEBUG)
-        _ggml_log_set(_log_callback if debug else _SILENT_LOG, None)
-        self.vocab = ll.llama_model_get_vocab(self.model)
-        self.memory = ll.llama_get_memory(self.ctx)
-        self.n_ctx = ll.llama_n_ctx(self.ctx)
-        self.n_batch = params.n_batch
-        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
-        self.n_ctx_per_seq = self.n_ctx // params.n_seq
-        self.info = ModelInfo(self.model)  # metadata, the policy's facts, the bench's shape
-        self.model_name = self.info.name or path.stem
-        self.model_path = str(path)
-        self.threads = cparams.n_threads
-        self._batch = ll.llama_batch_init(params.n_batch, 0, 1)
-        # numpy views on the batch's arrays: one slice assignment per span instead of a
-        # ctypes store per token.
-        n = params.n_batch
+        return cparams
+
+    def _init_batch(self, n: int) -> None:
+        """The reusable llama_batch, and numpy views on its arrays: one slice assignment per
+        span instead of a ctypes store per token."""
+        self._batch = ll.llama_batch_init(n, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
         self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
         self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
         self._seq_ptrs = [self._batch.seq_id[i] for i in range(n)]
         self._nseq[:] = 1
-        self._pieces: dict[int, bytes] = {}
-        self._shadow_lag = self._shadow_lag_for(params)
-        self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
-        self._cand_ids = np.zeros((0, params.device_top_k), dtype=np.int32)
-        self._cand_logits = np.zeros((0, params.device_top_k), dtype=np.float32)
-        log.info(
-            "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
-            self.model_name,
-            self.n_ctx,
-            self.n_ctx_per_seq,
-            params.n_seq,
-            params.n_batch,
-            self.threads,
-        )
 
     def _shadow_lag_for(self, params: RuntimeParams) -> int:
         """How many decoded positions a sequence's shadow tag may trail by. Each tag is a
