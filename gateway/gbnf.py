@@ -110,9 +110,13 @@ def call_schema(function: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:
-    """GBNF forcing a tool call (or up to MAX_PARALLEL_CALLS of them) in the documented
-    format (docs/GATEWAY.md "Tool calls"), each to one of ``functions``."""
+def tool_call_grammar(
+    functions: list[dict[str, Any]], parallel: bool, optional: bool = False
+) -> str:
+    """GBNF for a tool call (or up to MAX_PARALLEL_CALLS of them) in the documented format
+    (docs/GATEWAY.md "Tool calls"), each to one of ``functions``. ``optional`` (tool_choice
+    auto): the answer may instead be any text that does not start with the call's opening
+    tag, so a call the model starts is always a valid one."""
     defs: dict[str, Any] = {}
     schemas = []
     for i, f in enumerate(functions):
@@ -125,8 +129,27 @@ def tool_call_grammar(functions: list[dict[str, Any]], parallel: bool) -> str:
     conv = _convert(schema, "call", "tools")
     block = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
     more = f' ("\\n" {block}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    conv._add_rule("root", f"{block}{more}")
+    calls = conv._add_rule("tool-calls", f"{block}{more}")
+    if optional:
+        text = conv._add_rule("free-text", _not_starting_with(TOOL_OPEN))
+        conv._add_rule("root", f"{calls} | {text}")
+    else:
+        conv._add_rule("root", calls)
     return _format(conv)
+
+
+def _not_starting_with(marker: str) -> str:
+    """A rule's body for any text, empty too, except one that starts with ``marker``: after
+    each matched character of it, either the text ends, or the next one differs."""
+    rest = "[^\\x00]*"
+    body = ""
+    for ch in reversed(marker):
+        cls = "\\" + ch if ch in "\\]^-" else ch
+        alternatives = ['""', f"[^{cls}\\x00] {rest}"]
+        if body:
+            alternatives.append(f"{json.dumps(ch)} ({body})")
+        body = " | ".join(alternatives)
+    return body
 
 
 def tools_block(tools: list[dict[str, Any]]) -> str:

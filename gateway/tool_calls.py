@@ -1,8 +1,8 @@
 """Tool calls in the model's output: the documented block format, parsed as text arrives.
 
 A call is ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (docs/GATEWAY.md
-"Tool calls"); forced calls are grammar-constrained to it, ``auto`` answers are parsed when
-they hold it. One incremental parser serves both the stream (OpenAI's ``delta.tool_calls``:
+"Tool calls"); calls are grammar-constrained to it (with ``auto``, an answer that starts one), and
+parsed as it arrives. One incremental parser serves both the stream (OpenAI's ``delta.tool_calls``:
 the id, type and name first, then the arguments in pieces, as the SDK assembles them) and
 the whole answer (the same parser fed everything at once), so both carry the same text.
 """

@@ -51,13 +51,18 @@ def check_tools(req: ChatRequest) -> None:
 
 
 def grammar_of(req: ChatRequest) -> str | None:
-    """The GBNF constraining the answer: forced tool calls or the response format."""
+    """The GBNF constraining the answer: tool calls (forced, or with ``auto`` either a valid
+    call or text that starts as none) or the response format."""
     if req.tool_mode == "forced":
         functions = [_builtin(f) for f in req.forced_functions()]
         # a named function is called once (as OpenAI and vLLM do); "required" may call several
         parallel = req.parallel_tool_calls is not False and isinstance(req.tool_choice, str)
         return gbnf.tool_call_grammar(functions, parallel)
     fmt = req.response_format
+    if req.tool_mode == "auto" and (fmt is None or fmt.type == "text"):
+        functions = [_builtin(t.function) for t in req.tools or []]
+        parallel = req.parallel_tool_calls is not False
+        return gbnf.tool_call_grammar(functions, parallel, optional=True)
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":

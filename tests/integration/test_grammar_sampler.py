@@ -89,3 +89,36 @@ def test_a_bad_grammar_is_refused(runtime) -> None:
     with pytest.raises(GrammarError):
         check_grammar(runtime.vocab, "root ::= undefined-rule")
     check_grammar(runtime.vocab, JSON_ARRAY)
+
+
+def _accepts(runtime: Runtime, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's grammar engine takes ``text`` token by token (and may end there)."""
+    g = runtime.grammar(grammar)
+    try:
+        for token in runtime.tokenize(text, add_special=False):
+            if not g.allows(np.array([token]), np.zeros(1, np.float32))[0]:
+                return False
+            g.accept(token)
+        eog = np.array(runtime.eog_tokens)
+        return bool(g.allows(eog, np.zeros(len(eog), np.float32)).any())
+    finally:
+        g.free()
+
+
+def test_tool_choice_auto_takes_text_or_a_valid_call_only(runtime) -> None:
+    """tool_choice auto's grammar (gateway/gbnf.py): any answer that does not start with the
+    call's tag, or calls valid against the tool's schema; a started call must be valid."""
+    from uma_serve.gateway import gbnf
+
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tool = {"name": "get_weather", "parameters": city}
+    auto = gbnf.tool_call_grammar([tool], parallel=True, optional=True)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert _accepts(runtime, auto, "It is sunny in Paris, <tool_call> is not needed.")
+    assert _accepts(runtime, auto, "<table> of cities")
+    assert _accepts(runtime, auto, call)
+    assert _accepts(runtime, auto, call + "\n" + call)
+    assert not _accepts(runtime, auto, '<tool_call>\n{"name": "get_time", "arguments": {}}')
+    assert not _accepts(runtime, auto, '<tool_call>\n{"name": "get_weather", "arguments": {}}')
+    forced = gbnf.tool_call_grammar([tool], parallel=False)
+    assert _accepts(runtime, forced, call) and not _accepts(runtime, forced, "Sunny.")
