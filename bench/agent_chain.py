@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 
 from uma_serve.bench import common
 from uma_serve.bench.report import TOKEN_HEADER, RunDir, token_rows
@@ -54,37 +55,88 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     wl = Workload(args.seed)
     alone, alone_s = await chain(target, args, wl, "alone")
     n_dec = args.decoders or (2 if args.quick else 3)
+    loaded = await _under_decoders(target, args, wl, n_dec)
+    _write_csvs(run, target.name, alone, loaded)
+    _plot(run, target.name, alone, loaded.results)
+    a = common.summarize(alone, alone_s).to_dict()
+    lo = common.summarize(loaded.results, loaded.seconds).to_dict()
+    a["makespan_ms"] = round(alone_s * 1000, 1)
+    lo["makespan_ms"] = round(loaded.seconds * 1000, 1)
+    # background decoders were cancelled: count the tokens they streamed meanwhile
+    return {
+        "alone": a,
+        "loaded": lo,
+        "slowdown": ratio(lo["makespan_ms"], a["makespan_ms"]),
+        "decoders": {
+            "count": n_dec,
+            "output_tok_per_s": round(sum(loaded.decoder_tokens) / loaded.window_s, 2),
+        },
+        "failed": a["failed"] + lo["failed"],
+        "errors": common.errors(alone + loaded.results),
+    }
+
+
+@dataclass
+class _Loaded:
+    """The chain run under background decoders."""
+
+    results: list[RequestResult]
+    seconds: float  # the chain's makespan
+    t_start: float  # when the decoders started: the loaded rows' time origin
+    decoder_tokens: list[int]  # tokens each decoder streamed before it was cancelled
+    window_s: float  # from the decoders' start to the chain's end
+
+
+async def _under_decoders(target: Target, args, wl: Workload, n_dec: int) -> _Loaded:
+    """Start ``n_dec`` long decoders, run the chain once each has its first token, then
+    cancel them."""
     started = [asyncio.Event() for _ in range(n_dec)]
     bg: list[RequestResult] = []
     dec_tokens = [0] * n_dec
-
-    async def decoder(i: int) -> None:
-        spec = RequestSpec(
-            wl.chat_prompt(40),
-            args.decoder_tokens,
-            qos=common.bulk_label(args),
-            seed=args.seed + 500 + i,
-            tag=f"decoder-{i}",
-        )
-
-        def on_token(_t: float) -> None:
-            dec_tokens[i] += 1
-            started[i].set()
-
-        bg.append(await target.generate(spec, on_token=on_token))
-        started[i].set()  # ended or failed before its first token: do not wait for it
-
     t_start = time.perf_counter()
-    tasks = [asyncio.create_task(decoder(i)) for i in range(n_dec)]
+    tasks = [
+        asyncio.create_task(_decoder(target, args, wl, i, started[i], dec_tokens, bg))
+        for i in range(n_dec)
+    ]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
     loaded, loaded_s = await chain(target, args, wl, "loaded")
     decode_window = time.perf_counter() - t_start
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    return _Loaded(loaded, loaded_s, t_start, dec_tokens, decode_window)
 
-    rows = token_rows(target.name, alone, alone[0].t_send) + token_rows(
-        target.name, loaded, t_start
+
+async def _decoder(
+    target: Target,
+    args,
+    wl: Workload,
+    i: int,
+    started: asyncio.Event,
+    dec_tokens: list[int],
+    bg: list[RequestResult],
+) -> None:
+    """Background decoder ``i``: counts its tokens, sets ``started`` at its first."""
+    spec = RequestSpec(
+        wl.chat_prompt(40),
+        args.decoder_tokens,
+        qos=common.bulk_label(args),
+        seed=args.seed + 500 + i,
+        tag=f"decoder-{i}",
+    )
+
+    def on_token(_t: float) -> None:
+        dec_tokens[i] += 1
+        started.set()
+
+    bg.append(await target.generate(spec, on_token=on_token))
+    started.set()  # ended or failed before its first token: do not wait for it
+
+
+def _write_csvs(run: RunDir, server: str, alone: list[RequestResult], loaded: _Loaded) -> None:
+    """tokens.csv (every token of both phases) and chain.csv (one row per step)."""
+    rows = token_rows(server, alone, alone[0].t_send) + token_rows(
+        server, loaded.results, loaded.t_start
     )
     run.write_csv("tokens.csv", TOKEN_HEADER, rows)
     run.write_csv(
@@ -98,27 +150,10 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
                 r.token_ms[-1] if r.token_ms else None,
                 r.n_tokens,
             ]
-            for rs in (alone, loaded)
+            for rs in (alone, loaded.results)
             for k, r in enumerate(rs)
         ],
     )
-    _plot(run, target.name, alone, loaded)
-    a = common.summarize(alone, alone_s).to_dict()
-    lo = common.summarize(loaded, loaded_s).to_dict()
-    a["makespan_ms"] = round(alone_s * 1000, 1)
-    lo["makespan_ms"] = round(loaded_s * 1000, 1)
-    # background decoders were cancelled: count the tokens they streamed meanwhile
-    return {
-        "alone": a,
-        "loaded": lo,
-        "slowdown": ratio(lo["makespan_ms"], a["makespan_ms"]),
-        "decoders": {
-            "count": n_dec,
-            "output_tok_per_s": round(sum(dec_tokens) / decode_window, 2),
-        },
-        "failed": a["failed"] + lo["failed"],
-        "errors": common.errors(alone + loaded),
-    }
 
 
 def _plot(run: RunDir, server: str, alone, loaded) -> None:

@@ -122,14 +122,11 @@ def run(args: argparse.Namespace) -> int:
     runtime = Runtime(
         RuntimeParams(model, threads=args.threads, n_gpu_layers=args.n_gpu_layers, **layout)
     )
-    flags = ["--model", model, "--n-seq", str(args.n), "--n-ctx", str(args.n_ctx)]
-    flags += ["--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]
-    flags += args.umad_arg
     bare, daemon = [], []
     bare_ticks: list[tuple[float, float]] = []
     daemon_ticks: list[dict] = []
     bare_loop(runtime, args.n, 8)  # warm-up
-    with BenchDaemon(*flags) as d:
+    with BenchDaemon(*_umad_flags(args, model)) as d:
         asyncio.run(daemon_streams(d.socket, args.n, 8))  # warm-up
         for r in range(args.rounds):
             bare.append(bare_loop(runtime, args.n, args.tokens, bare_ticks))
@@ -137,21 +134,51 @@ def run(args: argparse.Namespace) -> int:
             print(f"round {r + 1}: bare {bare[-1]:.1f} tok/s, daemon {daemon[-1]:.1f} tok/s")
         spec = {k: v for k, v in d.metrics().items() if k.startswith("spec_")}
     runtime.close()
-    b, dm = statistics.median(bare), statistics.median(daemon)
+    ticks = _tick_medians(bare_ticks, daemon_ticks)
+    summary = _summary(args, bare, daemon, ticks, spec)
+    out = Path(args.out) / time.strftime("engine-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    b, dm = summary["bare_median"], summary["daemon_median"]
+    print(f"engine N={args.n}: bare {b:.1f} tok/s, daemon {dm:.1f} tok/s, ratio {dm / b:.3f}")
+    print("per tick (medians, ms): " + ", ".join(f"{k} {v}" for k, v in ticks.items()))
+    print("daemon speculation: " + ", ".join(f"{k} {v}" for k, v in spec.items()))
+    print(f"(targets: >= 0.95 issue 2, >= 1.0 issue 7) summary: {out / 'summary.json'}")
+    return 0
 
-    def med(xs: list) -> float | None:
-        xs = [x for x in xs if x is not None]
-        return statistics.median(xs) if xs else None
 
-    ticks = {
-        "bare_tick_ms": med([w for w, _ in bare_ticks]),
-        "bare_decode_ms": med([dd for _, dd in bare_ticks]),
-        "bare_overhead_ms": med([w - dd for w, dd in bare_ticks]),
-        "daemon_decode_ms_ewma": med([t["decode_ms_ewma"] for t in daemon_ticks]),
-        "daemon_tick_overhead_ms_ewma": med([t["tick_overhead_ms_ewma"] for t in daemon_ticks]),
+def _umad_flags(args: argparse.Namespace, model: str) -> list[str]:
+    """The daemon on the bare loop's model, sequences, context and threads, plus --umad-arg."""
+    flags = ["--model", model, "--n-seq", str(args.n), "--n-ctx", str(args.n_ctx)]
+    flags += ["--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]
+    flags += args.umad_arg
+    return flags
+
+
+def _median(xs: list) -> float | None:
+    """The median of the values that are not None (None if there are none)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _tick_medians(bare_ticks: list[tuple[float, float]], daemon_ticks: list[dict]) -> dict:
+    """Per-tick medians (ms): the bare loop's wall, decode and overhead; the daemon's EWMAs."""
+    return {
+        "bare_tick_ms": _median([w for w, _ in bare_ticks]),
+        "bare_decode_ms": _median([dd for _, dd in bare_ticks]),
+        "bare_overhead_ms": _median([w - dd for w, dd in bare_ticks]),
+        "daemon_decode_ms_ewma": _median([t["decode_ms_ewma"] for t in daemon_ticks]),
+        "daemon_tick_overhead_ms_ewma": _median([t["tick_overhead_ms_ewma"] for t in daemon_ticks]),
         "daemon_metric_samples": len(daemon_ticks),
     }
-    summary = {
+
+
+def _summary(
+    args: argparse.Namespace, bare: list[float], daemon: list[float], ticks: dict, spec: dict
+) -> dict:
+    """summary.json: each round's tokens/s, their medians and ratio, the per-tick medians."""
+    b, dm = statistics.median(bare), statistics.median(daemon)
+    return {
         "scenario": "engine",
         "n": args.n,
         "tokens": args.tokens,
@@ -168,11 +195,3 @@ def run(args: argparse.Namespace) -> int:
         **ticks,
         "daemon_speculation": spec,  # prompt-lookup drafts verified (greedy: same tokens)
     }
-    out = Path(args.out) / time.strftime("engine-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"engine N={args.n}: bare {b:.1f} tok/s, daemon {dm:.1f} tok/s, ratio {dm / b:.3f}")
-    print("per tick (medians, ms): " + ", ".join(f"{k} {v}" for k, v in ticks.items()))
-    print("daemon speculation: " + ", ".join(f"{k} {v}" for k, v in spec.items()))
-    print(f"(targets: >= 0.95 issue 2, >= 1.0 issue 7) summary: {out / 'summary.json'}")
-    return 0

@@ -28,7 +28,13 @@ from uma_serve.bench.lean_http import LeanHttpTarget
 from uma_serve.bench.report import RunDir, print_table
 from uma_serve.bench.servers import ServerUnavailable, gateway
 from uma_serve.bench.stats import Summary, percentile
-from uma_serve.bench.targets import HttpTarget, RequestSpec, SocketTarget
+from uma_serve.bench.targets import (
+    HttpTarget,
+    RequestResult,
+    RequestSpec,
+    SocketTarget,
+    Target,
+)
 
 NAME = "ipc-overhead"
 CLK = os.sysconf("SC_CLK_TCK")
@@ -73,20 +79,64 @@ def _with_socket(args: argparse.Namespace, sock: str, run_dir: RunDir) -> dict:
 
 
 async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> dict:
-    paths = {
+    paths: dict[str, Target] = {
         "socket": SocketTarget(sock),
         "gateway": LeanHttpTarget(url, name="gateway"),
         "gateway-httpx": HttpTarget(url, name="gateway-httpx"),
     }
     for t in paths.values():
         await common.warmup(t)
+    tally = await _rounds(args, paths, gw_pid)
+    for t in paths.values():
+        await t.aclose()
+    internal = _gateway_added_ms(url)
+    header = ["path", "ttft_ms", "itl_ms", "cpu_ms_per_token"]
+    run_dir.write_csv("ipc_overhead.csv", header, tally.rows)
+    out: dict = {name: _path_summary(s, tally.cpu[name]) for name, s in tally.summaries.items()}
+    out.update(_comparisons(out, tally.ttft, internal))
+    out["failed"] = tally.failed
+    _plot(run_dir, tally.rows)
+    _print_results(out, list(paths), internal)
+    return out
+
+
+class _Tally:
+    """What the rounds collect per path: its Summary, client and gateway CPU seconds, TTFTs
+    (None for a failed request, so rounds pair up) and the CSV rows."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.summaries = {k: Summary() for k in names}
+        self.cpu = {k: {"client": 0.0, "gateway": 0.0} for k in names}
+        self.rows: list[list] = []
+        self.failed = 0
+        self.ttft: dict[str, list[float | None]] = {k: [] for k in names}
+
+    def add(self, name: str, r: RequestResult, dt: float, dc: float, dg: float) -> None:
+        """One request of path ``name``: ``dt`` wall, ``dc`` client and ``dg`` gateway CPU s."""
+        self.ttft[name].append(r.token_ms[0] if r.ok and r.token_ms else None)
+        if not r.ok:
+            self.failed += 1
+            self.summaries[name].failed += 1
+            return
+        s = self.summaries[name]
+        s.add(r.token_ms, r.n_tokens, r.prompt_tokens or 0)
+        s.duration_s += dt
+        self.cpu[name]["client"] += dc
+        dg = dg if name != "socket" else 0.0
+        self.cpu[name]["gateway"] += dg
+        gaps = [b - a for a, b in zip(r.token_ms, r.token_ms[1:], strict=False)]
+        per_tok = (dc + dg) * 1000 / r.n_tokens
+        self.rows.append(
+            [name, round(r.token_ms[0], 3), _r(percentile(gaps, 50)), round(per_tok, 4)]
+        )
+
+
+async def _rounds(args, paths: dict[str, Target], gw_pid: int) -> _Tally:
+    """Each round sends one prompt down every path, in rotating order."""
     n_req = args.requests or (4 if args.quick else 100)
     n = args.max_tokens or (16 if args.quick else 32)
-    summaries = {k: Summary() for k in paths}
-    cpu = {k: {"client": 0.0, "gateway": 0.0} for k in paths}
-    rows, failed = [], 0
-    ttft: dict[str, list[float | None]] = {k: [] for k in paths}
     names = list(paths)
+    tally = _Tally(names)
     progress = common.bar(len(names) * n_req, NAME)
     for i in range(n_req):
         # two or three tokens: the gateway's cost does not grow with the prompt, and the
@@ -99,56 +149,47 @@ async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> d
             dt = time.perf_counter() - t0
             dc, dg = time.process_time() - c0, proc_cpu_s(gw_pid) - g0
             progress.update(1)
-            ttft[name].append(r.token_ms[0] if r.ok and r.token_ms else None)
-            if not r.ok:
-                failed += 1
-                summaries[name].failed += 1
-                continue
-            s = summaries[name]
-            s.add(r.token_ms, r.n_tokens, r.prompt_tokens or 0)
-            s.duration_s += dt
-            cpu[name]["client"] += dc
-            dg = dg if name != "socket" else 0.0
-            cpu[name]["gateway"] += dg
-            gaps = [b - a for a, b in zip(r.token_ms, r.token_ms[1:], strict=False)]
-            per_tok = (dc + dg) * 1000 / r.n_tokens
-            rows.append(
-                [name, round(r.token_ms[0], 3), _r(percentile(gaps, 50)), round(per_tok, 4)]
-            )
+            tally.add(name, r, dt, dc, dg)
     progress.close()
-    for t in paths.values():
-        await t.aclose()
-    internal = _gateway_added_ms(url)
-    run_dir.write_csv("ipc_overhead.csv", ["path", "ttft_ms", "itl_ms", "cpu_ms_per_token"], rows)
-    out: dict = {}
-    for name, s in summaries.items():
-        d = s.to_dict()
-        toks = max(1, s.output_tokens)
-        out[name] = {
-            "requests": s.requests,
-            "failed": s.failed,
-            "output_tokens": s.output_tokens,
-            "ttft_p50_ms": d["ttft_p50_ms"],
-            "ttft_p95_ms": d["ttft_p95_ms"],
-            "itl_p50_ms": d["itl_p50_ms"],
-            "itl_p95_ms": d["itl_p95_ms"],
-            "client_cpu_ms_per_token": round(cpu[name]["client"] * 1000 / toks, 4),
-            "gateway_cpu_ms_per_token": round(cpu[name]["gateway"] * 1000 / toks, 4),
-        }
-    s_, g_, h_ = out["socket"], out["gateway"], out["gateway-httpx"]
-    out["gateway_adds_ttft_p50_ms"] = _paired(ttft["gateway"], ttft["socket"])
-    out["gateway_adds_ttft_iqr_ms"] = _paired_iqr(ttft["gateway"], ttft["socket"])
-    out["gateway_itl_p50_ratio"] = _ratio(g_["itl_p50_ms"], s_["itl_p50_ms"])
-    out["gateway_httpx_adds_ttft_p50_ms"] = _paired(ttft["gateway-httpx"], ttft["socket"])
-    out["gateway_httpx_itl_p50_ratio"] = _ratio(h_["itl_p50_ms"], s_["itl_p50_ms"])
-    out["ttft_p50_difference_ms"] = _diff(g_["ttft_p50_ms"], s_["ttft_p50_ms"])
-    out["gateway_internal_added_ms_mean"] = internal
-    out["targets_met"] = {
-        "ttft_p50_under_1ms": _lt(out["gateway_adds_ttft_p50_ms"], 1.0),
-        "itl_p50_under_5pct": _lt(out["gateway_itl_p50_ratio"], 1.05),
+    return tally
+
+
+def _path_summary(s: Summary, cpu: dict[str, float]) -> dict:
+    """One path's figures in summary.json."""
+    d = s.to_dict()
+    toks = max(1, s.output_tokens)
+    return {
+        "requests": s.requests,
+        "failed": s.failed,
+        "output_tokens": s.output_tokens,
+        "ttft_p50_ms": d["ttft_p50_ms"],
+        "ttft_p95_ms": d["ttft_p95_ms"],
+        "itl_p50_ms": d["itl_p50_ms"],
+        "itl_p95_ms": d["itl_p95_ms"],
+        "client_cpu_ms_per_token": round(cpu["client"] * 1000 / toks, 4),
+        "gateway_cpu_ms_per_token": round(cpu["gateway"] * 1000 / toks, 4),
     }
-    out["failed"] = failed
-    _plot(run_dir, rows)
+
+
+def _comparisons(out: dict, ttft: dict[str, list[float | None]], internal: float | None) -> dict:
+    """What the gateway adds to the socket path, and whether the targets are met."""
+    s_, g_, h_ = out["socket"], out["gateway"], out["gateway-httpx"]
+    c: dict = {}
+    c["gateway_adds_ttft_p50_ms"] = _paired(ttft["gateway"], ttft["socket"])
+    c["gateway_adds_ttft_iqr_ms"] = _paired_iqr(ttft["gateway"], ttft["socket"])
+    c["gateway_itl_p50_ratio"] = _ratio(g_["itl_p50_ms"], s_["itl_p50_ms"])
+    c["gateway_httpx_adds_ttft_p50_ms"] = _paired(ttft["gateway-httpx"], ttft["socket"])
+    c["gateway_httpx_itl_p50_ratio"] = _ratio(h_["itl_p50_ms"], s_["itl_p50_ms"])
+    c["ttft_p50_difference_ms"] = _diff(g_["ttft_p50_ms"], s_["ttft_p50_ms"])
+    c["gateway_internal_added_ms_mean"] = internal
+    c["targets_met"] = {
+        "ttft_p50_under_1ms": _lt(c["gateway_adds_ttft_p50_ms"], 1.0),
+        "itl_p50_under_5pct": _lt(c["gateway_itl_p50_ratio"], 1.05),
+    }
+    return c
+
+
+def _print_results(out: dict, names: list[str], internal: float | None) -> None:
     keys = [
         "ttft_p50_ms",
         "ttft_p95_ms",
@@ -158,7 +199,7 @@ async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> d
         "gateway_cpu_ms_per_token",
     ]
     print(f"\n== bench {NAME} ==")
-    print_table(["path", *keys], [[k, *(out[k][m] for m in keys)] for k in paths])
+    print_table(["path", *keys], [[k, *(out[k][m] for m in keys)] for k in names])
     print(
         f"gateway adds {out['gateway_adds_ttft_p50_ms']} ms to TTFT (median of paired "
         f"differences, IQR {out['gateway_adds_ttft_iqr_ms']}); "
@@ -168,7 +209,6 @@ async def _measure(args, sock: str, url: str, gw_pid: int, run_dir: RunDir) -> d
         f"with httpx as the client: adds {out['gateway_httpx_adds_ttft_p50_ms']} ms, "
         f"ITL p50 ratio {out['gateway_httpx_itl_p50_ratio']}"
     )
-    return out
 
 
 def _plot(run_dir: RunDir, rows: list) -> None:

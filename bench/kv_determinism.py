@@ -42,16 +42,115 @@ def chunks(rt: Runtime, seq: int, tokens: list[int], start: int, size: int) -> n
     return rt.logits_row(row).copy()
 
 
-def main() -> None:
+class Probe:
+    """The runtime, the prompt every case computes on sequence 0 and another text's tokens;
+    one method per way of computing the prompt's KV, each returning its last logits row."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.prompt = rt.tokenize(TEXT * 80)[:700]
+        self.other = rt.tokenize("Once upon a time a cat sat on a mat and thought. " * 40)[:700]
+        self.n = len(self.prompt)
+
+    def clear(self) -> None:
+        for s in range(N_SEQ + N_CACHE):
+            self.rt.seq_clear(s)
+
+    def run(self, setup: Callable[[], np.ndarray]) -> np.ndarray:
+        self.clear()
+        out = setup()
+        self.clear()
+        return out
+
+    def cold(self, size: int) -> np.ndarray:
+        return chunks(self.rt, 0, self.prompt, 0, size)
+
+    def fixed(self, bounds: list[int]) -> np.ndarray:
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            last = chunks(self.rt, 0, self.prompt[:b], a, b - a)
+        return last
+
+    def from_cache(self, k: int, size: int = 512) -> np.ndarray:
+        chunks(self.rt, N_SEQ, self.prompt[:k], 0, size)  # a cache entry computed as a prompt
+        self.rt.seq_copy(N_SEQ, 0, k)
+        return chunks(self.rt, 0, self.prompt, k, 512)
+
+    def decoded_tail(self, k: int, d: int) -> np.ndarray:
+        """A cache entry whose last d positions were decoded one at a time (output tokens)."""
+        rt, prompt = self.rt, self.prompt
+        chunks(rt, N_SEQ, prompt[: k - d], 0, 512)
+        for pos in range(k - d, k):
+            rt.decode([Span(N_SEQ, pos, [prompt[pos]], True)])
+        rt.seq_copy(N_SEQ, 0, k)
+        return chunks(rt, 0, prompt, k, 512)
+
+    def beside(self, m: int) -> np.ndarray:
+        """The prompt's last part in one llama_decode with another sequence's m tokens."""
+        rt, prompt, n = self.rt, self.prompt, self.n
+        k = n - min(n - 512, CAP[0] - m)
+        chunks(rt, 0, prompt[:k], 0, 512)
+        rc, rows = rt.decode([Span(0, k, prompt[k:], True), Span(1, 0, self.other[:m], True)])
+        assert rc == 0
+        return rt.logits_row(rows[0]).copy()
+
+    def occupied(self, m: int) -> np.ndarray:
+        """Other cells resident first (a cache entry of m tokens), then the prompt cold."""
+        chunks(self.rt, N_SEQ + 1, self.other[:m], 0, 512)
+        return chunks(self.rt, 0, self.prompt, 0, 512)
+
+    def fragmented(self) -> np.ndarray:
+        """The prompt's cells out of position order: holes left by a freed sequence."""
+        chunks(self.rt, 2, self.other[:300], 0, 512)
+        chunks(self.rt, 3, self.other[:300], 0, 512)
+        self.rt.seq_clear(2)  # a hole of 300 cells at the front
+        return chunks(self.rt, 0, self.prompt, 0, 512)
+
+
+def cases(pr: Probe) -> dict[str, Callable[[], np.ndarray]]:
+    """The cases by name, in the order printed; case (a) is the reference."""
+    n = pr.n
+    out: dict[str, Callable[[], np.ndarray]] = {}
+    out["a cold, 512 + 188"] = lambda: pr.cold(512)
+    for size in (350, 100, 37, 1):
+        out[f"b cold, chunks of {size}"] = lambda size=size: pr.cold(size)
+    out["b cold, 512 + 187 + 1"] = lambda: pr.fixed([0, 512, n - 1, n])
+    out["c cached 512 (as prompt, 512)"] = lambda: pr.from_cache(512)
+    out["c cached 600 (as prompt, 512 + 88)"] = lambda: pr.from_cache(600)
+    out["c cached 699 (as prompt, 512 + 187)"] = lambda: pr.from_cache(n - 1)
+    out["c cached 699, last 100 decoded"] = lambda: pr.decoded_tail(n - 1, 100)
+    out["d beside 1 token"] = lambda: pr.beside(1)
+    out["d beside 30-token prompt"] = lambda: pr.beside(30)
+    out["e cold after 169 resident cells"] = lambda: pr.occupied(169)
+    out["e cold after 168 resident cells"] = lambda: pr.occupied(168)
+    out["e cold into a 300-cell hole"] = pr.fragmented
+    return out
+
+
+def report(pr: Probe, named: dict[str, Callable[[], np.ndarray]]) -> None:
+    """Case (a) twice, then every other case: its difference from (a), an argmax that moved."""
+    ref = pr.run(named.pop("a cold, 512 + 188"))
+    again = pr.run(lambda: pr.cold(512))
+    print(f"prompt {pr.n} tokens; argmax {int(ref.argmax())}")
+    print(f"{'a cold, 512 + 188, again':40s} max|d|={np.abs(again - ref).max():.5f}")
+    for name, fn in named.items():
+        got = pr.run(fn)
+        d = np.abs(got - ref)
+        flip = "" if got.argmax() == ref.argmax() else "  ARGMAX MOVED"
+        print(f"{name:40s} max|d|={d.max():.5f} mean={d.mean():.6f}{flip}")
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--flash", type=int, default=-1, help="-1 auto, 0 off, 1 on")
     ap.add_argument("--deterministic", action="store_true", help="umad --deterministic's shapes")
-    args = ap.parse_args()
-    if args.deterministic:
-        CAP[0] = cfg.DETERMINISTIC_BATCH
-    rt = Runtime(
+    return ap.parse_args()
+
+
+def open_runtime(args: argparse.Namespace) -> Runtime:
+    """The daemon's cache layout (swa_full, shadow ids) with N_SEQ + N_CACHE sequences."""
+    return Runtime(
         RuntimeParams(
             model_path=args.model or cfg.default_model_path(),
             threads=args.threads,
@@ -63,89 +162,15 @@ def main() -> None:
             deterministic=args.deterministic,
         )
     )
-    prompt = rt.tokenize(TEXT * 80)[:700]
-    other = rt.tokenize("Once upon a time a cat sat on a mat and thought. " * 40)[:700]
-    n = len(prompt)
 
-    def clear() -> None:
-        for s in range(N_SEQ + N_CACHE):
-            rt.seq_clear(s)
 
-    def run(setup: Callable[[], np.ndarray]) -> np.ndarray:
-        clear()
-        out = setup()
-        clear()
-        return out
-
-    cases: dict[str, Callable[[], np.ndarray]] = {}
-    cases["a cold, 512 + 188"] = lambda: chunks(rt, 0, prompt, 0, 512)
-    for size in (350, 100, 37, 1):
-        cases[f"b cold, chunks of {size}"] = lambda size=size: chunks(rt, 0, prompt, 0, size)
-
-    def fixed(bounds: list[int]) -> np.ndarray:
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            last = chunks(rt, 0, prompt[:b], a, b - a)
-        return last
-
-    cases["b cold, 512 + 187 + 1"] = lambda: fixed([0, 512, n - 1, n])
-
-    def from_cache(k: int, size: int = 512) -> np.ndarray:
-        chunks(rt, N_SEQ, prompt[:k], 0, size)  # a cache entry computed as a prompt
-        rt.seq_copy(N_SEQ, 0, k)
-        return chunks(rt, 0, prompt, k, 512)
-
-    cases["c cached 512 (as prompt, 512)"] = lambda: from_cache(512)
-    cases["c cached 600 (as prompt, 512 + 88)"] = lambda: from_cache(600)
-    cases["c cached 699 (as prompt, 512 + 187)"] = lambda: from_cache(n - 1)
-
-    def decoded_tail(k: int, d: int) -> np.ndarray:
-        """A cache entry whose last d positions were decoded one at a time (output tokens)."""
-        chunks(rt, N_SEQ, prompt[: k - d], 0, 512)
-        for pos in range(k - d, k):
-            rt.decode([Span(N_SEQ, pos, [prompt[pos]], True)])
-        rt.seq_copy(N_SEQ, 0, k)
-        return chunks(rt, 0, prompt, k, 512)
-
-    cases["c cached 699, last 100 decoded"] = lambda: decoded_tail(n - 1, 100)
-
-    def beside(m: int) -> np.ndarray:
-        """The prompt's last part in one llama_decode with another sequence's m tokens."""
-        k = n - min(n - 512, CAP[0] - m)
-        chunks(rt, 0, prompt[:k], 0, 512)
-        rc, rows = rt.decode([Span(0, k, prompt[k:], True), Span(1, 0, other[:m], True)])
-        assert rc == 0
-        return rt.logits_row(rows[0]).copy()
-
-    cases["d beside 1 token"] = lambda: beside(1)
-    cases["d beside 30-token prompt"] = lambda: beside(30)
-
-    def occupied(m: int) -> np.ndarray:
-        """Other cells resident first (a cache entry of m tokens), then the prompt cold."""
-        chunks(rt, N_SEQ + 1, other[:m], 0, 512)
-        return chunks(rt, 0, prompt, 0, 512)
-
-    cases["e cold after 169 resident cells"] = lambda: occupied(169)
-    cases["e cold after 168 resident cells"] = lambda: occupied(168)
-
-    def fragmented() -> np.ndarray:
-        """The prompt's cells out of position order: holes left by a freed sequence."""
-        chunks(rt, 2, other[:300], 0, 512)
-        chunks(rt, 3, other[:300], 0, 512)
-        rt.seq_clear(2)  # a hole of 300 cells at the front
-        return chunks(rt, 0, prompt, 0, 512)
-
-    cases["e cold into a 300-cell hole"] = fragmented
-
-    ref = run(cases.pop("a cold, 512 + 188"))
-    again = run(lambda: chunks(rt, 0, prompt, 0, 512))
-    print(f"prompt {n} tokens; argmax {int(ref.argmax())}")
-    print(f"{'a cold, 512 + 188, again':40s} max|d|={np.abs(again - ref).max():.5f}")
-    for name, fn in cases.items():
-        got = run(fn)
-        d = np.abs(got - ref)
-        flip = "" if got.argmax() == ref.argmax() else "  ARGMAX MOVED"
-        print(f"{name:40s} max|d|={d.max():.5f} mean={d.mean():.6f}{flip}")
-    rt.close()
+def main() -> None:
+    args = parse_args()
+    if args.deterministic:
+        CAP[0] = cfg.DETERMINISTIC_BATCH
+    probe = Probe(open_runtime(args))
+    report(probe, cases(probe))
+    probe.rt.close()
 
 
 if __name__ == "__main__":

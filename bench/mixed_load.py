@@ -88,15 +88,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     dt = time.perf_counter() - t0
     progress.close()
 
-    rows, streams = [], []
-    for sid, results in [*((f"s{s}", rs) for s, rs in enumerate(sessions)), ("doc", [doc_res])]:
-        for r in results:
-            base = (r.t_send - t0) * 1000.0
-            ts = [round(base + x, 3) for x in r.token_ms]
-            rows += [[sid, k, t, int(sid != "doc")] for k, t in enumerate(ts)]
-            streams.append((sid, ts[1:], gaps(r.token_ms)))
-    run.write_csv("tokens.csv", ["session_id", "token_idx", "ts_ms", "is_interactive"], rows)
-    plot_gaps(run, "gaps.png", f"mixed-load on {target.name}: inter-token gaps", streams)
+    _write_tokens(run, target.name, sessions, doc_res, t0)
     base = [r for rs in alone for r in rs]
     inter = [r for rs in sessions for r in rs]
     a = common.summarize(base, alone_dt).to_dict()
@@ -110,6 +102,26 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         "failed": a["failed"] + i["failed"] + b["failed"],
         "errors": common.errors([*base, *inter, doc_res]),
     }
+
+
+def _write_tokens(
+    run: RunDir,
+    server: str,
+    sessions: list[list[RequestResult]],
+    doc_res: RequestResult,
+    t0: float,
+) -> None:
+    """tokens.csv (each token's time, ms after ``t0``, the loaded phase's start) and the plot
+    of inter-token gaps."""
+    rows, streams = [], []
+    for sid, results in [*((f"s{s}", rs) for s, rs in enumerate(sessions)), ("doc", [doc_res])]:
+        for r in results:
+            base = (r.t_send - t0) * 1000.0
+            ts = [round(base + x, 3) for x in r.token_ms]
+            rows += [[sid, k, t, int(sid != "doc")] for k, t in enumerate(ts)]
+            streams.append((sid, ts[1:], gaps(r.token_ms)))
+    run.write_csv("tokens.csv", ["session_id", "token_idx", "ts_ms", "is_interactive"], rows)
+    plot_gaps(run, "gaps.png", f"mixed-load on {server}: inter-token gaps", streams)
 
 
 def run(args: argparse.Namespace) -> int:

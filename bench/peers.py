@@ -97,37 +97,8 @@ def run(args: argparse.Namespace) -> int:
     servers = args.servers.split(",")
     run_dir = RunDir(NAME, args.out)
     if args.build:
-        for fn in (peers_build.ensure_llama_server, peers_build.ensure_batched):
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001
-                print(f"[peers] build failed: {e}", file=sys.stderr)
-    results: dict[str, dict[str, dict]] = {n: {} for n in names}
-    unavailable: dict[str, str] = {}
-    failed = 0
-    for server in servers:
-        for name in names:
-            if server in unavailable:
-                break
-            if name in LABELED and server != "uma":  # a label means nothing to the peers
-                continue
-            module = importlib.import_module(f"uma_serve.bench.{PEER_SCENARIOS[name]}")
-            sargs = scenario_args(name, args)
-            sub = RunDir(name, str(run_dir.path / name / server))
-            ov = module.shape_overrides(sargs) if hasattr(module, "shape_overrides") else None
-            print(f"[peers] {server}: {name}", file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            try:
-                with common.open_target(sargs, sub.sub("logs"), kind=server, overrides=ov) as t:
-                    res = asyncio.run(common._measure(module.measure, t, sargs, sub))
-            except ServerUnavailable as e:
-                unavailable[server] = str(e)
-                print(f"[peers] {server} unavailable: {e}", file=sys.stderr)
-                break
-            res["wall_s"] = round(time.perf_counter() - t0, 1)
-            sub.write_json("summary.json", {"meta": common.meta(sargs, name), **res})
-            results[name][server] = res
-            failed += int(res.get("failed") or 0)
+        _build_peers()
+    results, unavailable, failed = _run_all(args, names, servers, run_dir)
     ran = [s for s in servers if s not in unavailable]
     tables = report(run_dir, names, ran, results)
     shape = common.shape_of(args)
@@ -146,6 +117,60 @@ def run(args: argparse.Namespace) -> int:
         print(f"UNAVAILABLE {s}: {why}")
     print(f"\nresults: {run_dir.path}")
     return 1 if failed or not ran else 0
+
+
+def _build_peers() -> None:
+    """Build (or find cached) the peer servers; a failed build is reported, not fatal."""
+    for fn in (peers_build.ensure_llama_server, peers_build.ensure_batched):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            print(f"[peers] build failed: {e}", file=sys.stderr)
+
+
+def _run_all(
+    args: argparse.Namespace, names: list[str], servers: list[str], run_dir: RunDir
+) -> tuple[dict[str, dict[str, dict]], dict[str, str], int]:
+    """Every scenario on every server, server by server: (results by scenario and server,
+    why each unavailable server was, failed requests)."""
+    results: dict[str, dict[str, dict]] = {n: {} for n in names}
+    unavailable: dict[str, str] = {}
+    failed = 0
+    for server in servers:
+        for name in names:
+            if server in unavailable:
+                break
+            if name in LABELED and server != "uma":  # a label means nothing to the peers
+                continue
+            res = _run_one(args, server, name, run_dir, unavailable)
+            if res is None:
+                break
+            results[name][server] = res
+            failed += int(res.get("failed") or 0)
+    return results, unavailable, failed
+
+
+def _run_one(
+    args: argparse.Namespace, server: str, name: str, run_dir: RunDir, unavailable: dict[str, str]
+) -> dict | None:
+    """Scenario ``name`` on ``server``, its summary.json written; None (and the reason in
+    ``unavailable``) if the server could not be started."""
+    module = importlib.import_module(f"uma_serve.bench.{PEER_SCENARIOS[name]}")
+    sargs = scenario_args(name, args)
+    sub = RunDir(name, str(run_dir.path / name / server))
+    ov = module.shape_overrides(sargs) if hasattr(module, "shape_overrides") else None
+    print(f"[peers] {server}: {name}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        with common.open_target(sargs, sub.sub("logs"), kind=server, overrides=ov) as t:
+            res = asyncio.run(common._measure(module.measure, t, sargs, sub))
+    except ServerUnavailable as e:
+        unavailable[server] = str(e)
+        print(f"[peers] {server} unavailable: {e}", file=sys.stderr)
+        return None
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    sub.write_json("summary.json", {"meta": common.meta(sargs, name), **res})
+    return res
 
 
 def report(run_dir: RunDir, names: list[str], servers: list[str], results: dict) -> dict:

@@ -65,6 +65,31 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     n = args.sessions or (4 if args.quick else 8)
     sys_tokens = args.system_tokens or (600 if args.quick else 1500)
     system = system_prompt(wl, sys_tokens)
+    phases = await _run_phases(target, args, wl, system, n)
+    from uma_serve.bench.repetitive import core_metrics
+
+    m = await core_metrics(target) or {}
+    out: dict = {"sessions": n, "concurrency": args.concurrency, **_cache_figures(m)}
+    rows = _phase_figures(out, phases)
+    out["ttft_cold_ms"] = out.pop("ttft_cold_p50_ms")
+    out["system_prompt_tokens"] = (phases["cold"][0].prompt_tokens or 0) - (
+        phases["alone_seq"][0].prompt_tokens or 0
+    )
+    for mode in ("seq", "conc"):
+        warm, alone = out[f"ttft_warm_{mode}_p50_ms"], out[f"ttft_alone_{mode}_p50_ms"]
+        out[f"warm_over_alone_{mode}"] = warm / alone if warm and alone else None
+    run.write_csv("ttft.csv", ["phase", "request", "prompt_tokens", "ttft_ms"], rows)
+    everything = [r for results in phases.values() for r in results]
+    out["failed"] = sum(1 for r in everything if not r.ok)
+    out["errors"] = common.errors(everything)
+    return out
+
+
+async def _run_phases(
+    target: Target, args: argparse.Namespace, wl: Workload, system: str, n: int
+) -> dict[str, list[RequestResult]]:
+    """The phases in order: the questions alone (sequential, concurrent), one cold request
+    with the system prompt, then warm ones (sequential, concurrent); n requests each."""
 
     def spec(prompt: str, tag: str) -> RequestSpec:
         return RequestSpec(prompt, args.max_tokens, temperature=0.0, tag=tag)
@@ -84,17 +109,24 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     phases["warm_seq"], _ = await common.run_concurrent(
         target, [spec(system + q, "warm") for q in qs[2 * n + 1 : 3 * n + 1]], 1, "warm, sequential"
     )
-    phases["warm_conc"], dt = await common.run_concurrent(
+    phases["warm_conc"], _ = await common.run_concurrent(
         target, [spec(system + q, "warm") for q in qs[3 * n + 1 :]], conc, "warm, concurrent"
     )
-    from uma_serve.bench.repetitive import core_metrics
+    return phases
 
-    m = await core_metrics(target) or {}
-    out: dict = {"sessions": n, "concurrency": conc}
+
+def _cache_figures(m: dict) -> dict:
+    """The core's prefix-cache counters, from its metrics snapshot."""
+    out: dict = {}
     for key in ("queries", "hits", "cached_tokens"):
         out[f"prefix_cache_{key}"] = m.get(f"prefix_cache_{key}_total")
     out["prefix_cache_resident_tokens"] = m.get("prefix_cache_resident_tokens")
     out["prompt_tokens_reused"] = m.get("prompt_tokens_reused_total")  # not tokenized again
+    return out
+
+
+def _phase_figures(out: dict, phases: dict[str, list[RequestResult]]) -> list[list]:
+    """Each phase's p50s into ``out``; the rows of ttft.csv."""
     rows = []
     for name, results in phases.items():
         t = _ttfts(results)
@@ -105,18 +137,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         out[f"server_ttft_{name}_p50_ms"] = _p50(_server(results, "server_ttft_ms"))
         rows += [[name, i, r.prompt_tokens, r.token_ms[0] if r.token_ms else None]
                  for i, r in enumerate(results)]  # fmt: skip
-    out["ttft_cold_ms"] = out.pop("ttft_cold_p50_ms")
-    out["system_prompt_tokens"] = (phases["cold"][0].prompt_tokens or 0) - (
-        phases["alone_seq"][0].prompt_tokens or 0
-    )
-    for mode in ("seq", "conc"):
-        warm, alone = out[f"ttft_warm_{mode}_p50_ms"], out[f"ttft_alone_{mode}_p50_ms"]
-        out[f"warm_over_alone_{mode}"] = warm / alone if warm and alone else None
-    run.write_csv("ttft.csv", ["phase", "request", "prompt_tokens", "ttft_ms"], rows)
-    everything = [r for results in phases.values() for r in results]
-    out["failed"] = sum(1 for r in everything if not r.ok)
-    out["errors"] = common.errors(everything)
-    return out
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:

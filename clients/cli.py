@@ -52,57 +52,80 @@ def _print_json(obj: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with UmaClient(args.socket) as client:
-        if args.metrics:
-            _print_json(client.metrics())
-            return EXIT_OK
-        if args.info:
-            _print_json(client.info())
-            return EXIT_OK
-        if args.health:
-            _print_json(client.health())
+        if _answered_query(client, args):
             return EXIT_OK
         text = args.prompt if args.prompt is not None else sys.stdin.read()
-        fields: dict[str, object] = {}
-        if args.chat:
-            if not client.info().gguf_chat_template:
-                print(BASE_MODEL_NOTE, file=sys.stderr)
-            msgs = [p.Message("system", args.system)] if args.system else []
-            fields["messages"] = [*msgs, p.Message("user", text)]
-        else:
-            fields["prompt"] = text
+        fields = _prompt_fields(client, args, text)
         try:
-            request = p.Generate(
-                id=new_id(),
-                max_tokens=args.max_tokens,
-                temperature=args.temp,
-                top_p=args.top_p,
-                top_k=args.top_k,
-                seed=args.seed,
-                stop=args.stop,
-                stream=not args.no_stream,
-                qos=args.qos,
-                **fields,  # type: ignore[arg-type]
-            )
+            request = _generate(args, fields)
         except (msgspec.ValidationError, ValueError) as exc:
             print(f"uma-cli: invalid request: {exc}", file=sys.stderr)
             return EXIT_PROTOCOL
-        final = None
-        for event in client.stream(request):
-            if isinstance(event, p.TokenEvent):
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-            elif isinstance(event, p.CompletionEvent):
-                sys.stdout.write(event.text)
-                final = event
-            elif isinstance(event, p.EosEvent):
-                final = event
-        sys.stdout.write("\n")
+        final = _write_stream(client, request)
         if final is not None and args.usage:
             info = {"usage": final.usage, "timings": final.timings, "reason": final.reason}
             print(json.dumps(msgspec.to_builtins(info)), file=sys.stderr)
         if final is not None and final.reason == "error":
             return EXIT_SERVER
     return EXIT_OK
+
+
+def _answered_query(client: UmaClient, args: argparse.Namespace) -> bool:
+    """--metrics, --info or --health: print the core's answer as JSON (then True)."""
+    if args.metrics:
+        _print_json(client.metrics())
+        return True
+    if args.info:
+        _print_json(client.info())
+        return True
+    if args.health:
+        _print_json(client.health())
+        return True
+    return False
+
+
+def _prompt_fields(client: UmaClient, args: argparse.Namespace, text: str) -> dict[str, object]:
+    """``messages`` (--chat, after --system if given) or ``prompt``."""
+    fields: dict[str, object] = {}
+    if args.chat:
+        if not client.info().gguf_chat_template:
+            print(BASE_MODEL_NOTE, file=sys.stderr)
+        msgs = [p.Message("system", args.system)] if args.system else []
+        fields["messages"] = [*msgs, p.Message("user", text)]
+    else:
+        fields["prompt"] = text
+    return fields
+
+
+def _generate(args: argparse.Namespace, fields: dict[str, object]) -> p.Generate:
+    return p.Generate(
+        id=new_id(),
+        max_tokens=args.max_tokens,
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop,
+        stream=not args.no_stream,
+        qos=args.qos,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _write_stream(client: UmaClient, request: p.Generate) -> p.CompletionEvent | p.EosEvent | None:
+    """The answer's text to stdout as it arrives, then a newline; the final event."""
+    final = None
+    for event in client.stream(request):
+        if isinstance(event, p.TokenEvent):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, p.CompletionEvent):
+            sys.stdout.write(event.text)
+            final = event
+        elif isinstance(event, p.EosEvent):
+            final = event
+    sys.stdout.write("\n")
+    return final
 
 
 def main(argv: list[str] | None = None) -> None:

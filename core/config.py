@@ -212,6 +212,18 @@ def policy_names(c: Config) -> list[str]:
 
 
 def validate(c: Config) -> None:
+    """Every problem of ``c`` at once, in one ValueError (none: returns)."""
+    problems = [*_size_problems(c), *_policy_problems(c), *_device_problems(c)]
+    if c.sampler not in SAMPLERS:
+        problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
+    if c.log_level.lower() not in ("debug", "info", "warning", "error"):
+        problems.append("log_level must be debug, info, warning or error")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _size_problems(c: Config) -> list[str]:
+    """Sizes, limits and times out of range."""
     problems = []
     for name in ("n_seq", "n_ctx", "n_batch", "n_ubatch", "max_sessions", "max_prompt_bytes"):
         if getattr(c, name) <= 0:
@@ -238,6 +250,12 @@ def validate(c: Config) -> None:
             problems.append(f"{name} must not be negative")
     if not 0 <= c.compute_nice <= 19:
         problems.append("compute_nice must be in [0, 19]")
+    return problems
+
+
+def _policy_problems(c: Config) -> list[str]:
+    """The scheduling policy's settings: transformers, tuner, speculation, background ticks."""
+    problems = []
     unknown = [n for n in policy_names(c) if n not in POLICY_TRANSFORMERS]
     if unknown:
         problems.append(
@@ -252,6 +270,12 @@ def validate(c: Config) -> None:
         problems.append("spec_draft must be -1 (auto), 0 (off) or positive")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0 or c.pause_every < 1:
         problems.append("bg_tick_ms must be positive, hold_ticks not negative, pause_every >= 1")
+    return problems
+
+
+def _device_problems(c: Config) -> list[str]:
+    """How the model is split over GPUs."""
+    problems = []
     if c.split_mode not in SPLIT_MODES:
         problems.append(f"split_mode must be one of {', '.join(SPLIT_MODES)}")
     if c.main_gpu < 0:
@@ -263,12 +287,7 @@ def validate(c: Config) -> None:
     else:
         if shares and (min(shares) < 0 or sum(shares) <= 0):
             problems.append("tensor_split shares must not be negative, and not all zero")
-    if c.sampler not in SAMPLERS:
-        problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
-    if c.log_level.lower() not in ("debug", "info", "warning", "error"):
-        problems.append("log_level must be debug, info, warning or error")
-    if problems:
-        raise ValueError("; ".join(problems))
+    return problems
 
 
 def tensor_shares(text: str) -> tuple[float, ...]:

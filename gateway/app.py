@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -66,6 +67,29 @@ KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
 
 def create_app(settings: Settings) -> Starlette:
     metrics = GatewayMetrics(settings.vllm_metric_names)
+    app = Starlette(
+        routes=ROUTES,
+        middleware=_middleware(settings, metrics),
+        lifespan=_lifespan(settings, metrics),
+        exception_handlers={
+            ApiError: api_error_handler,
+            HTTPException: http_exception_handler,
+            Exception: unhandled_handler,
+        },
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.inflight = Inflight(settings.max_inflight, metrics.inflight)
+    app.state.drain = Drain(settings.shutdown_grace)
+    app.state.started = time.time()
+    return app
+
+
+def _lifespan(
+    settings: Settings, metrics: GatewayMetrics
+) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the cores' Router (``app.state.pool``) opens and warms up at
+    start-up, and closes at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -86,6 +110,11 @@ def create_app(settings: Settings) -> Starlette:
             warm.cancel()
             await pool.close()
 
+    return lifespan
+
+
+def _middleware(settings: Settings, metrics: GatewayMetrics) -> list[Middleware]:
+    """The middleware stack, outermost first (the module's docstring says why this order)."""
     middleware = [
         Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
         Middleware(RequestIdMiddleware),
@@ -103,19 +132,4 @@ def create_app(settings: Settings) -> Starlette:
             )
         )
     middleware.append(Middleware(AuthMiddleware, keys=settings.api_keys))
-    app = Starlette(
-        routes=ROUTES,
-        middleware=middleware,
-        lifespan=lifespan,
-        exception_handlers={
-            ApiError: api_error_handler,
-            HTTPException: http_exception_handler,
-            Exception: unhandled_handler,
-        },
-    )
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.inflight = Inflight(settings.max_inflight, metrics.inflight)
-    app.state.drain = Drain(settings.shutdown_grace)
-    app.state.started = time.time()
-    return app
+    return middleware

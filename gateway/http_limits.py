@@ -52,112 +52,115 @@ def raw_error(status: int, message: str, code: str) -> bytes:
     return head.encode("ascii") + body
 
 
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a head size limit and a head deadline (0: none);
+    ``limited_protocol`` makes the subclass that carries the two limits."""
+
+    max_header_bytes = 0
+    header_timeout = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes: int | None = 0  # bytes of the head so far; None: not in a head
+        self._head_size = 0  # request line and header fields of the current head
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered and half-closed: drop what still comes
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        limit = self.max_header_bytes
+        if limit > 0 and self._head_bytes is not None and self._head_bytes > limit:
+            self._refuse_too_large()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_bytes is None:
+            self._head_bytes = 1  # a new head began (its first chunk was not counted)
+        self._head_size = 0
+        self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._disarm_head_timer()
+        if self._refused:
+            return
+        if self.max_header_bytes > 0 and self._head_size > self.max_header_bytes:
+            # a head that arrived whole within a read or two: measured from its fields
+            self._refuse_too_large()
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def _arm_head_timer(self) -> None:
+        if self.header_timeout > 0 and self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self._refused:
+            return
+        if not self._head_bytes:
+            self.transport.close()  # connected, sent nothing: nobody to answer
+            return
+        self._refuse(
+            408,
+            f"request headers not received within {self.header_timeout:g} s",
+            "request_timeout",
+        )
+
+    def _refuse_too_large(self) -> None:
+        self._refuse(
+            431,
+            f"request headers over the limit of {self.max_header_bytes} bytes",
+            "request_header_fields_too_large",
+        )
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        if self.transport.is_closing() or self._refused:
+            return
+        log.warning("refused a connection: %d %s", status, message)
+        self._refused = True
+        self._disarm_head_timer()
+        self.transport.write(raw_error(status, message, code))
+        if self.transport.can_write_eof():
+            with contextlib.suppress(OSError):
+                self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
 def limited_protocol(max_header_bytes: int, header_timeout: float) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a head size limit and a head deadline (0: none)."""
-
-    class LimitedHttpToolsProtocol(HttpToolsProtocol):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._head_bytes: int | None = 0  # bytes of the head so far; None: not in a head
-            self._head_size = 0  # request line and header fields of the current head
-            self._head_timer: asyncio.TimerHandle | None = None
-            self._refused = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_head_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_head_timer()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return  # answered and half-closed: drop what still comes
-            if self._head_bytes is not None:
-                self._head_bytes += len(data)
-            super().data_received(data)
-            if (
-                max_header_bytes > 0
-                and self._head_bytes is not None
-                and self._head_bytes > max_header_bytes
-            ):
-                self._refuse(
-                    431,
-                    f"request headers over the limit of {max_header_bytes} bytes",
-                    "request_header_fields_too_large",
-                )
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._head_bytes is None:
-                self._head_bytes = 1  # a new head began (its first chunk was not counted)
-            self._head_size = 0
-            self._arm_head_timer()
-
-        def on_url(self, url: bytes) -> None:
-            self._head_size += len(url)
-            super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._head_size += len(name) + len(value) + 4
-            super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._head_bytes = None
-            self._disarm_head_timer()
-            if self._refused:
-                return
-            if max_header_bytes > 0 and self._head_size > max_header_bytes:
-                # a head that arrived whole within a read or two: measured from its fields
-                self._refuse(
-                    431,
-                    f"request headers over the limit of {max_header_bytes} bytes",
-                    "request_header_fields_too_large",
-                )
-                return
-            super().on_headers_complete()
-
-        def on_body(self, body: bytes) -> None:
-            if not self._refused:
-                super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            if not self._refused:
-                super().on_message_complete()
-
-        def _arm_head_timer(self) -> None:
-            if header_timeout > 0 and self._head_timer is None:
-                self._head_timer = self.loop.call_later(header_timeout, self._head_timed_out)
-
-        def _disarm_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_timed_out(self) -> None:
-            self._head_timer = None
-            if self.transport.is_closing() or self._refused:
-                return
-            if not self._head_bytes:
-                self.transport.close()  # connected, sent nothing: nobody to answer
-                return
-            self._refuse(
-                408,
-                f"request headers not received within {header_timeout:g} s",
-                "request_timeout",
-            )
-
-        def _refuse(self, status: int, message: str, code: str) -> None:
-            if self.transport.is_closing() or self._refused:
-                return
-            log.warning("refused a connection: %d %s", status, message)
-            self._refused = True
-            self._disarm_head_timer()
-            self.transport.write(raw_error(status, message, code))
-            if self.transport.can_write_eof():
-                with contextlib.suppress(OSError):
-                    self.transport.write_eof()
-            self.loop.call_later(LINGER_S, self.transport.close)
-
-    return LimitedHttpToolsProtocol
+    limits = {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout}
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), limits)

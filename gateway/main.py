@@ -23,6 +23,16 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="uma-gateway", description="OpenAI-compatible HTTP gateway for the UMA Serve core."
     )
+    _add_core_arguments(ap)
+    _add_http_arguments(ap)
+    _add_limit_arguments(ap)
+    _add_behaviour_arguments(ap)
+    _add_logging_arguments(ap)
+    return ap
+
+
+def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
+    """The cores behind the gateway and how requests are routed among them."""
     ap.add_argument(
         "--core-socket",
         action="append",
@@ -59,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
         help="with several cores: seconds between health checks of each core (a core that "
         "fails leaves the rotation at once, and returns at the first check it passes)",
     )
+
+
+def _add_http_arguments(ap: argparse.ArgumentParser) -> None:
+    """Where the gateway listens and who may call it."""
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ap.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     ap.add_argument(
@@ -73,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="origin allowed by CORS (repeatable; none by default; '*' for any)",
     )
+
+
+def _add_limit_arguments(ap: argparse.ArgumentParser) -> None:
+    """HTTP limits: in-flight requests, body and head sizes, their deadlines."""
     ap.add_argument(
         "--max-inflight",
         type=int,
@@ -108,6 +126,10 @@ def parser() -> argparse.ArgumentParser:
         default=5,
         help="seconds an idle keep-alive connection stays open",
     )
+
+
+def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
+    """Shutdown, request defaults, /metrics names and the core connection pool."""
     ap.add_argument(
         "--shutdown-grace",
         type=float,
@@ -128,6 +150,10 @@ def parser() -> argparse.ArgumentParser:
         "dashboards made for vLLM (off by default: promtool's lint flags the colon)",
     )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
+
+
+def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
+    """uvicorn's log level and the per-request access log."""
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
     ap.add_argument(
         "--access-log",
@@ -135,7 +161,6 @@ def parser() -> argparse.ArgumentParser:
         help="log a line per request (off by default: it sits on every response's first send; "
         "/metrics counts requests by route and status)",
     )
-    return ap
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

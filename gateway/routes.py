@@ -246,37 +246,9 @@ async def _generate(request: Request, kind: type) -> Response:
         model = check_model(req.model, info)
         check_logit_bias(req.token_bias, info)
         if isinstance(req, schema.CompletionRequest):
-            rid = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
-            text = req.prompt_text
-            check_prompt_size(len(text.encode()), info, "prompt")
-            max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
-            gen = generate_request(
-                id=rid,
-                prompt=text,
-                max_tokens=max_tokens,
-                qos=qos,
-                grammar=req.grammar,
-                **sampling(req),
-            )
-            job = Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
+            job = _completion_job(request, req, info, model, qos)
         else:
-            rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
-            messages = req.core_messages()
-            size = sum(len(m["content"].encode()) for m in messages)
-            check_prompt_size(size, info, "messages")
-            param = req.max_tokens_param
-            default = min(state.settings.default_max_tokens, info.max_tokens)
-            max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
-            gen = generate_request(
-                id=rid,
-                messages=[p.Message(**m) for m in messages],
-                max_tokens=max_tokens,
-                qos=qos,
-                grammar=grammar_of(req),
-                **sampling(req),
-            )
-            job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
-            job.tool_mode = req.tool_mode
+            job = _chat_job(request, req, info, model, qos)
         job.n = req.n or 1
         if req.stream:
             response = await _start_stream(request, job, release, stop)
@@ -289,6 +261,49 @@ async def _generate(request: Request, kind: type) -> Response:
     finally:
         if not handed_off:
             release()
+
+
+def _completion_job(
+    request: Request, req: schema.CompletionRequest, info: p.InfoEvent, model: str, qos: str
+) -> Job:
+    """A /v1/completions request, checked against the core's info, as a Job."""
+    rid = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
+    text = req.prompt_text
+    check_prompt_size(len(text.encode()), info, "prompt")
+    max_tokens = check_max_tokens(req.max_tokens, 16, info, "max_tokens")
+    gen = generate_request(
+        id=rid,
+        prompt=text,
+        max_tokens=max_tokens,
+        qos=qos,
+        grammar=req.grammar,
+        **sampling(req),
+    )
+    return Job("text", rid, model, gen, req.include_usage, text if req.echo else "")
+
+
+def _chat_job(
+    request: Request, req: schema.ChatRequest, info: p.InfoEvent, model: str, qos: str
+) -> Job:
+    """A /v1/chat/completions request, checked against the core's info, as a Job."""
+    rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    messages = req.core_messages()
+    size = sum(len(m["content"].encode()) for m in messages)
+    check_prompt_size(size, info, "messages")
+    param = req.max_tokens_param
+    default = min(request.app.state.settings.default_max_tokens, info.max_tokens)
+    max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
+    gen = generate_request(
+        id=rid,
+        messages=[p.Message(**m) for m in messages],
+        max_tokens=max_tokens,
+        qos=qos,
+        grammar=grammar_of(req),
+        **sampling(req),
+    )
+    job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+    job.tool_mode = req.tool_mode
+    return job
 
 
 def generate_request(**fields: Any) -> p.Generate:

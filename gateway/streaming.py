@@ -202,6 +202,7 @@ class GuardedEventSource(EventSourceResponse):
 
 
 Choice = tuple[int, p.Event]  # (choice index, core event)
+Cleanup = Callable[[], Awaitable[None]]
 
 
 async def tagged(events: AsyncIterator[p.Event]) -> AsyncIterator[Choice]:
@@ -223,6 +224,14 @@ def sse_response(
     choice the role (chat) and its first text in one write, one chunk per token, the finish
     reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended.
     A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``."""
+    cleanup = _close_once(events, on_close)
+    halt = stop if stop is not None else Stop()
+    body = _sse_body(job, first, events, halt, cleanup)
+    return GuardedEventSource(body, job.id, cleanup=cleanup, on_first_sent=on_first_sent)
+
+
+def _close_once(events: AsyncIterator[Choice], on_close: Callable[[], None]) -> Cleanup:
+    """The stream's cleanup, run by whichever of the body and the response ends first."""
     closed = False
 
     async def cleanup() -> None:
@@ -237,66 +246,86 @@ def sse_response(
         finally:
             on_close()
 
-    halt = stop if stop is not None else Stop()
+    return cleanup
 
-    async def body() -> AsyncIterator[bytes | str]:
-        started, usages = [False] * job.n, []
-        item: Choice | None = first
-        try:
-            while item is not None:
-                i, ev = item
-                if isinstance(ev, p.TokenEvent) and job.tool_mode is not None:
-                    head = b"" if started[i] else job.role_event(i)
+
+async def _sse_body(
+    job: Job, first: Choice, events: AsyncIterator[Choice], halt: Stop, cleanup: Cleanup
+) -> AsyncIterator[bytes | str]:
+    """sse_response's chunks, from ``first`` on; ``cleanup`` runs however it ends."""
+    started, usages = [False] * job.n, []
+    item: Choice | None = first
+    try:
+        while item is not None:
+            i, ev = item
+            if isinstance(ev, p.TokenEvent) and job.tool_mode is not None:
+                if data := _tool_token(job, started, i, ev.text):
+                    yield data
+            elif isinstance(ev, p.TokenEvent):
+                if started[i]:
+                    yield job.content_event(ev.text, i, ev.logprobs)
+                else:
                     started[i] = True
-                    if data := head + job.tool_event(ev.text, i):
-                        yield data
-                elif isinstance(ev, p.TokenEvent):
-                    if started[i]:
-                        yield job.content_event(ev.text, i, ev.logprobs)
-                    else:
-                        started[i] = True
-                        text = job.echo + ev.text
-                        yield job.role_event(i) + job.content_event(text, i, ev.logprobs)
-                elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                    if err := end_error(job, ev):
-                        yield json.dumps(err.body())
-                        return
-                    if not started[i] and job.kind == "chat":
-                        yield job.chunk([job.delta("", role=True, index=i)])
-                    tail = job.echo if not started[i] and job.kind == "text" else None
-                    reason = ev.reason
-                    if job.tool_mode is not None:
-                        held, reason = job.tool_finish(i, reason)
-                        if held:
-                            yield held
-                    yield job.chunk([job.delta(tail, reason, index=i)])
-                    usages.append(ev.usage)
-                    if len(usages) == job.n:
-                        if job.include_usage:
-                            yield job.chunk([], usage_dict(total_usage(usages)))
-                        yield "[DONE]"
-                        return
-                if halt.stopped:
-                    break
-                # inline, not a helper: this is every token's path
-                halt.waiting = task = asyncio.current_task()
-                try:
-                    item = await anext(events, None)
-                except asyncio.CancelledError:
-                    if not halt.stopped or task is None:
-                        raise
-                    task.uncancel()  # our own stop, not the server's cancellation
-                    break
-                finally:
-                    halt.waiting = None
-            else:
-                yield json.dumps(ApiError(500, "the core ended the stream early").body())
-                return
-            yield json.dumps(shutting_down_error("the stream was cut short").body())
-            yield "[DONE]"
-        except CoreError as exc:
-            yield json.dumps(from_core_error(exc, job.prompt_param).body())
-        finally:
-            await cleanup()
+                    text = job.echo + ev.text
+                    yield job.role_event(i) + job.content_event(text, i, ev.logprobs)
+            elif isinstance(ev, p.EosEvent | p.CompletionEvent):
+                if err := end_error(job, ev):
+                    yield json.dumps(err.body())
+                    return
+                for chunk in _choice_end(job, i, ev, started[i], usages):
+                    yield chunk
+                if len(usages) == job.n:
+                    return
+            if halt.stopped:
+                break
+            # inline, not a helper: this is every token's path
+            halt.waiting = task = asyncio.current_task()
+            try:
+                item = await anext(events, None)
+            except asyncio.CancelledError:
+                if not halt.stopped or task is None:
+                    raise
+                task.uncancel()  # our own stop, not the server's cancellation
+                break
+            finally:
+                halt.waiting = None
+        else:
+            yield json.dumps(ApiError(500, "the core ended the stream early").body())
+            return
+        yield json.dumps(shutting_down_error("the stream was cut short").body())
+        yield "[DONE]"
+    except CoreError as exc:
+        yield json.dumps(from_core_error(exc, job.prompt_param).body())
+    finally:
+        await cleanup()
 
-    return GuardedEventSource(body(), job.id, cleanup=cleanup, on_first_sent=on_first_sent)
+
+def _tool_token(job: Job, started: list[bool], i: int, text: str) -> bytes:
+    """A token's events in tool mode, after choice ``i``'s role event if it is the first."""
+    head = b"" if started[i] else job.role_event(i)
+    started[i] = True
+    return head + job.tool_event(text, i)
+
+
+def _choice_end(
+    job: Job, i: int, ev: p.EosEvent | p.CompletionEvent, started: bool, usages: list
+) -> list[bytes | str]:
+    """The chunks that end choice ``i`` (its role if it sent nothing yet, text held back, the
+    finish reason); its usage joins ``usages``, and once every choice ended the usage chunk
+    (if asked for) and ``[DONE]`` follow."""
+    out: list[bytes | str] = []
+    if not started and job.kind == "chat":
+        out.append(job.chunk([job.delta("", role=True, index=i)]))
+    tail = job.echo if not started and job.kind == "text" else None
+    reason = ev.reason
+    if job.tool_mode is not None:
+        held, reason = job.tool_finish(i, reason)
+        if held:
+            out.append(held)
+    out.append(job.chunk([job.delta(tail, reason, index=i)]))
+    usages.append(ev.usage)
+    if len(usages) == job.n:
+        if job.include_usage:
+            out.append(job.chunk([], usage_dict(total_usage(usages))))
+        out.append("[DONE]")
+    return out

@@ -32,6 +32,24 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    core = spawn(["uma_serve.core.daemon", "--socket", args.socket, *args.umad_args])
+    received = catch_signals()
+    if not wait_for_core(core, args.socket, args.startup_timeout, received):
+        stop(core)
+        print("launch: umad did not come up", file=sys.stderr)
+        return core.returncode or 1
+    listen = ["--host", args.host, "--port", str(args.port)]
+    gateway = spawn(["uma_serve.gateway.main", "--core-socket", args.socket, *listen])
+    print(f"launch: core on {args.socket}, gateway on http://{args.host}:{args.port}/v1")
+    code = watch(core, gateway, received)
+    sig = received[0] if received else signal.SIGTERM
+    stop(gateway, sig)  # the gateway first: its streams end before the core drains
+    stop(core, sig)
+    return code
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m uma_serve.launch",
         description="Run umad and uma-gateway together; extra args after -- go to umad.",
@@ -41,14 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=int(os.environ.get("UMA_PORT", "8000")))
     ap.add_argument("--startup-timeout", type=float, default=180.0)
     ap.add_argument("umad_args", nargs="*", help="extra umad arguments (after --)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    py = sys.executable
-    core = subprocess.Popen(
-        [py, "-m", "uma_serve.core.daemon", "--socket", args.socket, *args.umad_args],
-        start_new_session=True,
-    )
-    children = [core]
+
+def spawn(module_args: list[str]) -> subprocess.Popen:
+    """``python -m`` a module in its own session: a terminal's Ctrl-C does not reach it."""
+    return subprocess.Popen([sys.executable, "-m", *module_args], start_new_session=True)
+
+
+def catch_signals() -> list[int]:
+    """SIGINT and SIGTERM from now on are only noted, in the list returned, for the children."""
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -56,38 +76,30 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
+    return received
 
-    deadline = time.monotonic() + args.startup_timeout
-    while not socket_answers(args.socket):
+
+def wait_for_core(core: subprocess.Popen, socket: str, timeout: float, received: list) -> bool:
+    """Whether the core's socket answered before the core exited, a signal or the timeout."""
+    deadline = time.monotonic() + timeout
+    while not socket_answers(socket):
         if core.poll() is not None or received or time.monotonic() > deadline:
-            stop(core)
-            print("launch: umad did not come up", file=sys.stderr)
-            return core.returncode or 1
+            return False
         time.sleep(0.2)
+    return True
 
-    gateway = subprocess.Popen(
-        [
-            py, "-m", "uma_serve.gateway.main",
-            "--core-socket", args.socket, "--host", args.host, "--port", str(args.port),
-        ],
-        start_new_session=True,
-    )  # fmt: skip
-    children.append(gateway)
-    print(f"launch: core on {args.socket}, gateway on http://{args.host}:{args.port}/v1")
 
-    code = 0
+def watch(core: subprocess.Popen, gateway: subprocess.Popen, received: list) -> int:
+    """Wait for a signal (then 0) or for a child to exit (then its exit status)."""
     while not received:
-        exited = [c for c in children if c.poll() is not None]
+        exited = [c for c in (core, gateway) if c.poll() is not None]
         if exited:
             code = exited[0].returncode
             name = "umad" if exited[0] is core else "uma-gateway"
             print(f"launch: {name} exited with {code}; stopping the other", file=sys.stderr)
-            break
+            return code
         time.sleep(0.2)
-    sig = received[0] if received else signal.SIGTERM
-    stop(gateway, sig)  # the gateway first: its streams end before the core drains
-    stop(core, sig)
-    return code
+    return 0
 
 
 if __name__ == "__main__":
