@@ -104,12 +104,6 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         if per_phase["plain"] and per_phase["alone"]:
             ratios.append(per_phase["mixed"] / per_phase["plain"])
             beside.append(per_phase["plain"] / per_phase["alone"])
-    complete = [x for x in side_all if x.ok and x.finish_reason == "stop"]
-    parsed = 0
-    for x in complete:  # a grammar-complete answer must parse (one cut by max_tokens need not)
-        with contextlib.suppress(ValueError):
-            parsed += isinstance(json.loads("".join(x.texts)), dict)
-    side_tps = [t for t in map(_decode_tps, side_all) if t]
     return {
         "rounds": rounds,
         "streams": args.streams,
@@ -120,6 +114,20 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         "mixed_over_plain": statistics.median(ratios) if ratios else None,
         "ratios": ratios,
         "beside_over_alone": statistics.median(beside) if beside else None,
+        **_constrained(side_all, failed),
+    }
+
+
+def _constrained(side_all: list[RequestResult], failed: int) -> dict:
+    """The constrained answers: how many completed and parse (a grammar-complete answer must;
+    one cut by max_tokens need not), their decode speed, and all failures counted."""
+    complete = [x for x in side_all if x.ok and x.finish_reason == "stop"]
+    parsed = 0
+    for x in complete:
+        with contextlib.suppress(ValueError):
+            parsed += isinstance(json.loads("".join(x.texts)), dict)
+    side_tps = [t for t in map(_decode_tps, side_all) if t]
+    return {
         "constrained_requests": len(side_all),
         "constrained_complete": len(complete),
         "constrained_parsed": parsed,
