@@ -28,6 +28,10 @@ BANDS = (4.0, 8.0, 12.0, 16.0, 24.0)  # logits below the row's peak, checked ban
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
+_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
 class GrammarError(ValueError):
     """The GBNF text does not parse (llama.cpp logs the reason)."""
 
@@ -41,11 +45,13 @@ def parse_grammar(vocab: ll.llama_vocab_p, text: str) -> ll.llama_sampler_p:
 
 
 def json_schema_gbnf(schema: dict) -> str:
-    """GBNF for a JSON schema by llama-cpp-python's converter (for tools such as the bench;
-    the gateway converts without loading libllama, gateway/gbnf.py)."""
+    """GBNF for a JSON schema by llama-cpp-python's converter, as the gateway builds it (for
+    tools such as the bench; the gateway converts without loading libllama, gateway/gbnf.py):
+    JSON strings may not hold raw control characters, which the converter's ``char`` allows
+    and JSON parsers refuse."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    return json_schema_to_gbnf(json.dumps(schema))
+    return json_schema_to_gbnf(json.dumps(schema)).replace(_CHAR, _JSON_CHAR)
 
 
 def check_grammar(vocab: ll.llama_vocab_p, text: str) -> None:

@@ -122,3 +122,15 @@ def test_tool_choice_auto_takes_text_or_a_valid_call_only(runtime) -> None:
     assert not _accepts(runtime, auto, '<tool_call>\n{"name": "get_weather", "arguments": {}}')
     forced = gbnf.tool_call_grammar([tool], parallel=False)
     assert _accepts(runtime, forced, call) and not _accepts(runtime, forced, "Sunny.")
+
+
+def test_the_bench_builds_the_gateways_json_schema_grammar() -> None:
+    """bench grammar-mix's grammar is the one response_format builds: no raw control
+    characters in JSON strings (the converter's own allow them, and json.loads refuses)."""
+    from uma_serve.bench.grammar_mix import SCHEMA
+    from uma_serve.core.runtime.grammar import json_schema_gbnf
+    from uma_serve.gateway import gbnf
+
+    grammar = json_schema_gbnf(SCHEMA)
+    assert grammar == gbnf.json_schema_grammar(SCHEMA)
+    assert "\\x00-\\x1F" in grammar
