@@ -9,7 +9,8 @@ with llama.cpp's own chain, tests/llama_chain.py).
 A row enters the chain as candidates. With a device top-k (the default on a GPU) the device
 keeps each row's best ``device_top_k`` logits and only they cross to the host, unless the
 request needs its whole row (a bias, penalties, a grammar, a wider top-k, logprobs): that
-sequence's device top-k is detached for the request's life. A whole row (every row on a CPU)
+sequence's device top-k is detached (and stays so until a request that can use it gets the
+sequence, see ``Sampler.detached``). A whole row (every row on a CPU)
 is biased and penalised in place, then cut to what can be drawn (greedy: the argmax; top-k:
 the k best; top-p alone: the tokens near the peak that hold the nucleus; else the whole row),
 never sorting the vocabulary. From there all rows are one (rows, width) array drawn with one

@@ -8,13 +8,14 @@ import dataclasses
 import msgspec
 import numpy as np
 import pytest
+from host_row import host_token
 from llama_chain import LlamaChain
 
 from uma_serve.clients.client import new_id
 from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, SamplingParams, Span
-from uma_serve.core.sampling import SamplerState, draw, stack
+from uma_serve.core.sampling import SamplerState, draw
 
 from .helpers import gen, start_daemon
 
@@ -28,15 +29,6 @@ def runtime():
 
 def chain(rt: Runtime, params: SamplingParams) -> LlamaChain:
     return LlamaChain(rt.n_vocab, params, 0)
-
-
-def ours(state: SamplerState, row: np.ndarray) -> int:
-    """A whole host row through the engine's chain (core/sampling.py's host path)."""
-    state.prepare(row)
-    cut = state.cut(row)
-    token = draw([state], *stack([cut]), by_id=len(cut.ids) == len(row))[0]
-    state.accept(token)
-    return token
 
 
 def candidates(state: SamplerState, ids: np.ndarray, logits: np.ndarray) -> int:
@@ -55,7 +47,9 @@ def generate_both(rt: Runtime, params: SamplingParams, prompt: str, steps: int):
     rc, rows = rt.decode([Span(0, 0, tokens, True)])
     pos, pairs = len(tokens), []
     for _ in range(steps):
-        token = ours(mine, np.array(rt.logits_row(rows[0])))  # a copy: the oracle reads it next
+        token = host_token(
+            mine, np.array(rt.logits_row(rows[0]))
+        )  # a copy: the oracle reads it next
         theirs = oracle.sample(rt.ctx, rows[0])
         pairs.append((token, theirs))
         mine.history[-1] = theirs  # keep both histories identical even if they ever differ
@@ -113,7 +107,7 @@ def test_sampled_with_logit_bias_matches_the_chain(runtime) -> None:
     n = 3000
     state = SamplerState(params, 0)
     assert state.needs_full_row(64)  # a device top-k cannot stand in for a biased row
-    mine = [ours(state, row.copy()) for _ in range(n)]
+    mine = [host_token(state, row.copy()) for _ in range(n)]
     theirs = []
     for i in range(n):
         oracle = chain(runtime, dataclasses.replace(params, seed=1000 + i))
@@ -187,7 +181,7 @@ def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams)
     row = np.array(runtime.logits_row(rows[0]))
     n = 3000
     state = SamplerState(params, 0)
-    mine = [ours(state, row.copy()) for _ in range(n)]
+    mine = [host_token(state, row.copy()) for _ in range(n)]
     top = np.argpartition(row, -64)[-64:]
     np.random.default_rng(0).shuffle(top)  # the device's candidates come unsorted
     state_c = SamplerState(params, 0)
