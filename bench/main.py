@@ -23,6 +23,7 @@ SCENARIOS: dict[str, str] = {
     "repetitive": "repetitive",
     "warm-floor": "warm_floor",
     "grammar-mix": "grammar_mix",
+    "conversation": "conversation",
 }
 
 

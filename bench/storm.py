@@ -86,8 +86,11 @@ async def background_loop(
         i += 1
 
 
-async def under_load(target, args, wl, loops) -> tuple[list[RequestResult], list, float, float]:
-    """Start the background loops, wait lead_s, run the interactive requests, then stop
+async def under_load(
+    target, args, wl, loops, foreground=None
+) -> tuple[list[RequestResult], list, float, float]:
+    """Start the background loops, wait lead_s, run the interactive requests (``foreground()``
+    when given, else solo's), then stop
     sending background work and let what is in flight finish (every background request must
     complete: the load's duration runs to the last one, so background tokens/s is the work
     done over the whole storm, not what slipped in beside the interactive stream).
@@ -99,7 +102,10 @@ async def under_load(target, args, wl, loops) -> tuple[list[RequestResult], list
         asyncio.create_task(loop(target, wl, args, k, bg, stop)) for k, loop in enumerate(loops)
     ]
     await asyncio.sleep(args.lead_s)
-    results, _ = await solo.run_solo(target, args, wl, tag="interactive")
+    if foreground is not None:
+        results = await foreground()
+    else:
+        results, _ = await solo.run_solo(target, args, wl, tag="interactive")
     stop.set()
     _, pending = await asyncio.wait(tasks, timeout=args.drain_s)
     for t in pending:  # not finished within the drain bound: counted as failed

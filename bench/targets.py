@@ -36,6 +36,8 @@ class RequestSpec:
     ignore_eos: bool = True
     tag: str = ""  # the scenario's label for this request (class, session, step ...)
     grammar: str | None = None  # GBNF constraining the output (llama-server's field)
+    # a chat instead of a completion: OpenAI messages (role, content, tool_calls, ...)
+    messages: list[dict] | None = None
 
 
 @dataclass
@@ -46,6 +48,7 @@ class RequestResult:
     texts: list[str] = field(default_factory=list)
     completion_tokens: int | None = None  # from usage
     prompt_tokens: int | None = None  # from usage
+    cached_tokens: int | None = None  # prompt tokens the server's prefix cache served
     error: str | None = None
     finish_reason: str | None = None
     # the daemon's own account (UMA's socket target only): arrival -> admitted, -> first token
@@ -97,7 +100,10 @@ class SocketTarget(Target):
         client = await self._get()
         req = p.Generate(
             id=new_id(),
-            prompt=spec.prompt,
+            prompt=None if spec.messages else spec.prompt,
+            messages=[p.Message(m["role"], m["content"]) for m in spec.messages]
+            if spec.messages
+            else None,
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,
             seed=spec.seed % (1 << 32),
@@ -121,6 +127,7 @@ class SocketTarget(Target):
                     elif isinstance(ev, p.EosEvent):
                         res.completion_tokens = ev.usage.completion_tokens
                         res.prompt_tokens = ev.usage.prompt_tokens
+                        res.cached_tokens = ev.usage.cached_tokens
                         res.finish_reason = ev.reason
                         res.server_queue_ms = ev.timings.queue_ms
                         res.server_ttft_ms = ev.timings.ttft_ms
@@ -163,7 +170,7 @@ class HttpTarget(Target):
 
     def body(self, spec: RequestSpec) -> dict:
         body: dict = {
-            "prompt": spec.prompt,
+            **({"messages": spec.messages} if spec.messages else {"prompt": spec.prompt}),
             "max_tokens": spec.max_tokens,
             "temperature": spec.temperature,
             "seed": spec.seed,
@@ -183,8 +190,9 @@ class HttpTarget(Target):
         body = self.body(spec)
         t0 = time.perf_counter()
         res = RequestResult(spec=spec, t_send=t0)
+        path = "/v1/chat/completions" if spec.messages else "/v1/completions"
         try:
-            async with self._http.stream("POST", "/v1/completions", json=body) as r:
+            async with self._http.stream("POST", path, json=body) as r:
                 if r.status_code != 200:
                     res.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
                     return res
@@ -204,12 +212,13 @@ class HttpTarget(Target):
 
 
 def take_chunk(res: RequestResult, chunk: dict, now: float, on_token: OnToken | None) -> None:
-    """Record one streamed OpenAI completions chunk (content, finish reason, usage, error)."""
+    """Record one streamed OpenAI completions or chat chunk (content, finish reason, usage,
+    error)."""
     if "error" in chunk:
         res.error = str(chunk["error"])[:300]
         return
     for choice in chunk.get("choices") or []:
-        text = choice.get("text") or ""
+        text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
         if text:
             res.token_ms.append((now - res.t_send) * 1000.0)
             res.texts.append(text)
@@ -221,3 +230,9 @@ def take_chunk(res: RequestResult, chunk: dict, now: float, on_token: OnToken | 
     if usage:
         res.completion_tokens = usage.get("completion_tokens")
         res.prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            res.cached_tokens = details["cached_tokens"]
+    timings = chunk.get("timings")  # llama-server's own account of its cache
+    if timings and timings.get("cache_n") is not None:
+        res.cached_tokens = timings["cache_n"]

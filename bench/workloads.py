@@ -79,3 +79,15 @@ class Workload:
             f"Step {self.seed}-{k}-{step}. Previous result: {previous_answer.strip()[:400]}\n"
             "Next, continue the plan with one more short step:"
         )
+
+    def system_prompt(self, n_tokens: int) -> str:
+        """An app's instructions, the same for every conversation of the run (its seed's)."""
+        rng = random.Random(f"system-{self.seed}")
+        body = " ".join(rng.choice(_WORDS) for _ in range(max(1, int(n_tokens / TOKENS_PER_WORD))))
+        return f"You are the assistant of app {self.seed}. Follow these notes: {body}"
+
+    def question(self, n_tokens: int) -> str:
+        """A user's turn in a conversation: unique, about one of the topics."""
+        k = self._next_id()
+        topic = self._rng.choice(_TOPICS)
+        return f"Question {self.seed}-{k} about {topic}: {self.words(max(1, n_tokens - 12))}?"

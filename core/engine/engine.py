@@ -32,6 +32,7 @@ from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
+from uma_serve.core.prefix.index import block_hashes
 from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.sampling import Sampler
 
@@ -154,10 +155,13 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
-        """A chat turn's arrival may cut short a tick of bulk work (see Executor.run)."""
-        label = sub.request.qos
-        chat = prompt_class(label, len(sub.prompt), self.prompt_allowance()) == INTERACTIVE
-        self._inbox.post(sub, interactive=chat)
+        """A chat turn's arrival may cut short a tick of bulk work (see Executor.run). Its
+        prompt's work is what the prefix cache does not hold: a conversation re-sends its
+        history, and only the new turn is left to compute."""
+        hashes = block_hashes(sub.prompt)
+        uncached = len(sub.prompt) - self.scheduler.cached_estimate(hashes)
+        chat = prompt_class(sub.request.qos, uncached, self.prompt_allowance()) == INTERACTIVE
+        self._inbox.post(msgspec.structs.replace(sub, prompt_hashes=hashes), interactive=chat)
 
     def cancel(self, key: RequestKey) -> None:
         self._inbox.post(Cancel(key))

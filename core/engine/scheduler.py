@@ -71,9 +71,20 @@ class Scheduler:
         """Uncached prompt tokens of a chat turn at most, from the current tick-time model."""
         return prompt_allowance(self.learner.stats.cost, self.constraints)
 
+    def cached_estimate(self, prompt_hashes: list[int]) -> int:
+        """Cached leading tokens of a prompt, by its block hashes (from the I/O thread)."""
+        return self._prefix.estimate(prompt_hashes) if self._prefix is not None else 0
+
     def add(self, sub: Submission) -> None:
+        """Queue a request, classified by the prompt work it leaves once the prefix cache
+        (or a running sequence) serves what it can: a conversation's next turn, which re-sends
+        its whole history, is a chat turn (policy/work.py)."""
         seq = Sequence(sub.key, sub.request, sub.prompt, sub.arrival_ns)
-        seq.bulk_prompt = len(seq.prompt) > self.prompt_allowance()
+        seq.prompt_hashes = sub.prompt_hashes or None
+        cached = 0
+        if self._prefix is not None:
+            cached = self._prefix.cached_length(seq, self.running.values())
+        seq.bulk_prompt = len(seq.prompt) - cached > self.prompt_allowance()
         self._queue.waiting.append(seq)
         self.metrics.waiting_sessions = len(self._queue)
 
@@ -213,8 +224,9 @@ class Scheduler:
         if failure is Failure.RETRY:  # finished sequences' KV was freed after it
             self.learner.idle()
             return
-        if failure is Failure.NO_SLOT and self._prefix is not None and self._prefix.evict_all():
-            log.warning("no KV slot for %d tokens: evicted the prefix cache", plan.n_tokens)
+        prefix = self._prefix
+        if failure is Failure.NO_SLOT and prefix is not None and prefix.evict_for_room():
+            log.warning("no KV slot for %d tokens: evicted cached prefixes", plan.n_tokens)
             return
         n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
         now = time.monotonic_ns()

@@ -25,6 +25,7 @@ class Submission(msgspec.Struct, frozen=True, tag=True):
     request: p.Generate
     prompt: list[int]
     arrival_ns: int
+    prompt_hashes: list[int] = []  # its block hash chain (core/prefix/index.py), by submit
 
 
 @dataclass(eq=False)
@@ -49,7 +50,7 @@ class Sequence:
     draft: tuple[int, ...] = ()  # this tick's proposal, shown to the policy
     spec_accept_ewma: float = 0.7  # per-token draft acceptance, smoothed (optimistic start)
     # its uncached prompt is longer than the interactive allowance (policy/work.py): the
-    # prompt is bulk work; set on arrival from the whole prompt, again after the prefix cache
+    # prompt is bulk work; set on arrival from the prefix cache's answer, again on admission
     bulk_prompt: bool = False
     cached_from: Entry | None = None  # prefix cache entry its leading KV was copied from
     cached_tokens: int = 0  # how many leading positions came from the prefix cache

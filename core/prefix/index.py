@@ -12,8 +12,15 @@ before it is used, so a hash collision can never serve wrong KV.
 
 Resident size: in a unified KV cache a ``seq_cp`` only tags cells with another id, so an entry
 built on top of an earlier entry's prefix shares those cells. Each entry remembers its parent
-and how many leading cells it shares with it; resident tokens count shared cells once. Entries
-are evicted least recently used when over the token budget or out of cache ids.
+and how many leading cells it shares with it; resident tokens count shared cells once.
+
+Eviction, when over the token budget or out of cache ids, weighs frequency before recency:
+entries never reused (a pasted document, answered once) go first, least recently used first;
+entries that were reused, or that extend a reused prefix (a system prompt, a conversation's
+history, which every client re-sends each turn), only when no such entry is left. A
+conversation's turn is stored as an extension of the entry it reused and keeps its count, so
+a stream of one-shot documents cannot push a live conversation out (a segmented LRU;
+docs/MEMORY.md).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ class Entry:
     parent: int | None = None  # cache id of the entry whose leading cells it shares
     shared: int = 0  # how many leading cells it shares with the parent
     pinned: bool = False  # --pin-prefix: never evicted, never superseded
+    hits: int = 0  # times a request reused it (kept by the entry that extends it)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -115,9 +123,20 @@ class PrefixIndex:
             return None, 0
         return best, best_n
 
-    def touch(self, entry: Entry) -> None:
+    def touch(self, entry: Entry, reused: bool = False) -> None:
         self._clock += 1
         entry.last_used = self._clock
+        entry.hits += reused
+
+    def cached_length(self, hashes: Sequence[int]) -> int:
+        """Leading tokens of a prompt with these block hashes that some entry holds, to a
+        block (an estimate: hashes, not tokens, compared)."""
+        n = 0
+        for h in hashes:
+            if h not in self._by_hash:
+                break
+            n += 1
+        return n * BLOCK
 
     # ---- updates ----
 
@@ -134,11 +153,15 @@ class PrefixIndex:
             self.touch(existing)
             return StorePlan(None)
         evict: list[int] = []
+        # the reuse count of what it extends: its parent's (the entry its request reused)
+        # or a superseded entry's
+        hits = _inherited(self.entries.get(parent), shared)
         # entries that are prefixes of the new one are superseded by it
         for e in list(self.entries.values()):
             if e.pinned:
                 continue
             if len(e) <= len(tokens) and e.tokens == tokens[: len(e)]:
+                hits = max(hits, _inherited(e, len(e)))
                 if e.cache_id == parent:
                     parent, shared = e.parent, min(shared, e.shared) if e.parent is not None else 0
                 evict.append(self._remove(e.cache_id))
@@ -147,7 +170,7 @@ class PrefixIndex:
         # make room: an id, and the budget (the new entry adds its unshared cells)
         own = len(tokens) - shared
         while self._evictable() and (not self.free_ids or self.resident_tokens + own > self.budget):
-            victim = min(self._evictable(), key=lambda e: e.last_used)
+            victim = self._victim()
             if victim.cache_id == parent:
                 parent, shared = victim.parent, min(shared, victim.shared)
                 if parent is None:
@@ -159,6 +182,7 @@ class PrefixIndex:
         entry = Entry(
             self.free_ids.pop(), tokens, block_hashes(tokens), 0, parent, shared if parent else 0
         )
+        entry.hits = hits
         if entry.parent is None:
             entry.shared = 0
         self.touch(entry)
@@ -181,16 +205,23 @@ class PrefixIndex:
     def _evictable(self) -> list[Entry]:
         return [e for e in self.entries.values() if not e.pinned]
 
+    def _victim(self) -> Entry:
+        """The next entry to evict: never reused before reused, then least recently used."""
+        return min(self._evictable(), key=lambda e: (e.hits > 0, e.last_used))
+
     def evict_lru(self) -> int | None:
-        """Drop the least recently used entry (the engine clears its id); None if none."""
+        """Drop the next victim (the engine clears its id); None if none."""
         if not self._evictable():
             return None
-        victim = min(self._evictable(), key=lambda e: e.last_used)
-        return self._remove(victim.cache_id)
+        return self._remove(self._victim().cache_id)
 
-    def clear(self) -> list[int]:
-        """Drop every entry but the pinned ones; their ids."""
-        ids = [e.cache_id for e in self._evictable()]
+    def clear(self, cold_first: bool = False) -> list[int]:
+        """Drop every entry but the pinned ones, or with ``cold_first`` only those never
+        reused when there are any; their ids."""
+        victims = self._evictable()
+        if cold_first and any(e.hits == 0 for e in victims):
+            victims = [e for e in victims if e.hits == 0]
+        ids = [e.cache_id for e in victims]
         for cid in ids:
             self._remove(cid)
         return ids
@@ -209,3 +240,9 @@ class PrefixIndex:
                 child.shared = min(child.shared, e.shared) if e.parent is not None else 0
         self.free_ids.append(cache_id)
         return cache_id
+
+
+def _inherited(entry: Entry | None, shared: int) -> int:
+    """The reuse count a new entry takes over from ``entry``, whose first ``shared`` tokens it
+    holds: a request that reused two blocks or more of it stores a prefix seen before."""
+    return entry.hits if entry is not None and shared >= 2 * BLOCK else 0

@@ -72,13 +72,25 @@ class PrefixStore:
             entry, n = None, shared
         elif entry is not None and n > 0:
             self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
-            self._prefix.touch(entry)
+            self._prefix.touch(entry, reused=True)
         else:
             return
         seq.n_past = seq.cached_tokens = n
         seq.cached_from = entry
         m.prefix_cache_hits_total += 1
         m.prefix_cache_cached_tokens_total += n
+
+    def estimate(self, hashes: list[int]) -> int:
+        """Cached leading tokens of a prompt with these block hashes, to a block: callable
+        from the I/O thread (one dict lookup a block, atomic under the GIL; an estimate)."""
+        return self._prefix.cached_length(hashes)
+
+    def cached_length(self, seq: Sequence, running: Iterable[Sequence] = ()) -> int:
+        """Leading prompt tokens ``reuse`` would copy now, from an entry or a running
+        sequence's computed KV (the prompt's work left is the rest)."""
+        _, n = self._prefix.lookup(seq.prompt, self.hashes(seq))
+        _, shared = self._running_source(seq, running)
+        return min(max(n, shared), len(seq.prompt) - 1)
 
     def _running_source(
         self, seq: Sequence, running: Iterable[Sequence]
@@ -151,9 +163,10 @@ class PrefixStore:
         self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
         self.metrics.prefix_cache_entries = len(self._prefix.entries)
 
-    def evict_all(self) -> bool:
-        """Free every cached prefix (the KV is needed by running sequences)."""
-        ids = self._prefix.clear()
+    def evict_for_room(self) -> bool:
+        """Free cached prefixes (the KV is needed by running sequences): those never reused
+        when there are any, else all of them."""
+        ids = self._prefix.clear(cold_first=True)
         if not ids:
             return False
         for cache_id in ids:
@@ -221,10 +234,17 @@ class SnapshotStore:
             self.runtime.clear_all()
             return
         self.runtime.seq_trim(seq.seq_id, n)
-        self._prefix.touch(entry)
+        self._prefix.touch(entry, reused=True)
         seq.n_past = seq.cached_tokens = n
         m.prefix_cache_hits_total += 1
         m.prefix_cache_cached_tokens_total += n
+
+    def estimate(self, hashes: list[int]) -> int:
+        return self._prefix.cached_length(hashes)
+
+    def cached_length(self, seq: Sequence, running: Iterable[Sequence] = ()) -> int:
+        _, n = self._prefix.lookup(seq.prompt, PrefixStore.hashes(seq))
+        return min(n, len(seq.prompt) - 1)
 
     def holder(self, running: Collection[Sequence]) -> Callable[[Sequence], bool] | None:
         return None  # one request at a time: nobody computes a prefix for a follower
@@ -240,7 +260,7 @@ class SnapshotStore:
             self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq.seq_id)
         self._update_metrics()
 
-    def evict_all(self) -> bool:
+    def evict_for_room(self) -> bool:
         """Entries hold no KV cells: dropping them frees none (False)."""
         return False
 
