@@ -1,16 +1,19 @@
 """conversation: N concurrent multi-turn chats that re-send their whole history every turn
 (as every OpenAI client does), alone and under the paste storm, rounds alternated; per-turn
-TTFT, answer ITL and the share of each prompt the server's prefix cache served."""
+TTFT, answer ITL and the share of each prompt the server's prefix cache served. With
+``--agent`` each step after the first re-sends the transcript with an OpenAI tool call and
+its result (a coding agent reading files) instead of a user's question."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 
 from uma_serve.bench import common, storm
-from uma_serve.bench.report import TOKEN_HEADER, RunDir, token_rows
+from uma_serve.bench.report import TOKEN_HEADER, RunDir, plot_bars, token_rows
 from uma_serve.bench.stats import percentile, ratio
 from uma_serve.bench.targets import RequestResult, RequestSpec, Target
 from uma_serve.bench.workloads import Workload
@@ -41,6 +44,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lead-s", type=float, default=1.0, help="storm head start (s)")
     ap.add_argument("--drain-s", type=float, default=300.0, help="bound on the storm's drain")
     ap.add_argument("--rounds", type=int, default=2, help="alone and storm phases, alternated")
+    ap.add_argument(
+        "--agent",
+        action="store_true",
+        help="steps send a tool call and its result (--follow-tokens x 3) instead of a question",
+    )
     common.add_label_background(ap, "the storm's documents")
 
 
@@ -63,8 +71,25 @@ async def conversation(
         messages.append({"role": "assistant", "content": r.text or "(no answer)"})
         if turn + 1 < turns:
             await asyncio.sleep(args.think_s)
-            messages.append({"role": "user", "content": wl.question(args.follow_tokens)})
+            messages += next_turn(args, wl, messages[-1], f"{tag}-{turn}")
     return results
+
+
+def next_turn(args: argparse.Namespace, wl: Workload, answer: dict, call_id: str) -> list[dict]:
+    """What the client adds before its next request: a question, or an agent's tool call on
+    its last answer (beside the answer's text, as OpenAI's assistant messages allow) and the
+    tool's result."""
+    if not args.agent:
+        return [{"role": "user", "content": wl.question(args.follow_tokens)}]
+    path = f"src/module_{call_id}.py"
+    call = {
+        "id": f"call_{call_id}",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": json.dumps({"path": path})},
+    }
+    result = f"# {path}\n{wl.words(3 * args.follow_tokens)}"
+    answer["tool_calls"] = [call]
+    return [{"role": "tool", "tool_call_id": call["id"], "content": result}]
 
 
 async def phase(
@@ -101,7 +126,11 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         load_s += dt
     rows = token_rows(target.name, alone + loaded + bg, t_start)
     run.write_csv("tokens.csv", TOKEN_HEADER, rows)
-    return report(alone, loaded, bg, load_s)
+    out = report(alone, loaded, bg, load_s)
+    a, s = out["alone"]["ttft_p50_ms_by_turn"], out["storm"]["ttft_p50_ms_by_turn"]
+    bars = {f"turn {t}: TTFT p50 ms": {"alone": a[t], "storm": s.get(t)} for t in a}
+    plot_bars(run, "ttft_by_turn.png", f"conversation on {target.name}", bars)
+    return out
 
 
 def figures(results: list[RequestResult]) -> dict:

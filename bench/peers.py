@@ -28,6 +28,8 @@ PEER_SCENARIOS = {
     "long-ctx": "long_ctx",
     "shared-prefix": "shared_prefix",
     "repetitive": "repetitive",
+    "conversation": "conversation",
+    "conversation-agent": "conversation",  # the agent's steps: tool calls and their results
 }
 DEFAULT = "solo,sweep,storm,storm-labeled,agent-chain"
 LABELED = {"storm-labeled"}  # scenarios run with --label-background, against UMA only
@@ -59,6 +61,8 @@ def scenario_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
         argv += ["--rounds", str(args.storm_rounds)]
     if name in LABELED:
         argv += ["--label-background"]
+    if name == "conversation-agent":
+        argv += ["--agent"]
     sargs = sub.parse_args(argv)
     shape_keys = ("model", "n_seq", "n_ctx", "n_batch", "n_ubatch", "threads", "n_gpu_layers")
     for k in (*shape_keys, "umad_arg", "seed"):

@@ -101,9 +101,7 @@ class SocketTarget(Target):
         req = p.Generate(
             id=new_id(),
             prompt=None if spec.messages else spec.prompt,
-            messages=[p.Message(m["role"], m["content"]) for m in spec.messages]
-            if spec.messages
-            else None,
+            messages=[core_message(m) for m in spec.messages] if spec.messages else None,
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,
             seed=spec.seed % (1 << 32),
@@ -143,6 +141,17 @@ class SocketTarget(Target):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def core_message(m: dict) -> p.Message:
+    """An OpenAI message as the core's (role, text): tool calls and results as text, as the
+    gateway's documented fallback renders them for a template without tools."""
+    if m["role"] == "tool":
+        return p.Message("user", f"Tool result ({m.get('tool_call_id')}): {m['content']}")
+    calls = "".join(
+        f"<tool_call>\n{json.dumps(c['function'])}\n</tool_call>" for c in m.get("tool_calls") or ()
+    )
+    return p.Message(m["role"], (m.get("content") or "") + calls)
 
 
 class HttpTarget(Target):

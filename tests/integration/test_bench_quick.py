@@ -91,6 +91,21 @@ def test_bench_quick(scenario: str, tmp_path: Path) -> None:
         assert {r[0] for r in rows[1:]} == {"socket", "gateway", "gateway-httpx"}
 
 
+@pytest.mark.parametrize("agent", [False, True], ids=["chat", "agent"])
+def test_bench_conversation_quick(agent: bool, tmp_path: Path) -> None:
+    """Conversations re-send their history (an agent's with tool calls and results): the
+    prefix cache serves most of each later turn, alone and under the storm."""
+    out = tmp_path / "conversation"
+    summary = run_bench(out, "conversation", "--rounds", "1", *(["--agent"] if agent else []))
+    for phase in ("alone", "storm"):
+        figures = summary[phase]
+        assert figures["requests"] == 3 and figures["failed"] == 0
+        assert set(figures["ttft_p50_ms_by_turn"]) == {"0", "1", "2"}
+        assert figures["cached_share"] > 0.5, figures  # the history and the system prompt
+    assert summary["background"]["completed"] > 0
+    assert all(summary["ratio"][k] > 0 for k in ("ttft_p50", "itl_p95", "cached_share"))
+
+
 def test_bench_peers_quick(tmp_path: Path) -> None:
     if not peers_build.llama_server_bin().exists():
         pytest.skip(
