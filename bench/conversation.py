@@ -111,7 +111,8 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     k = args.clients or (2 if args.quick else 3)
     args.doc_tokens = args.doc_tokens or (250 if args.quick else 1200)
     # the app's system prompt has been seen before the first measured turn, in both phases
-    await target.generate(RequestSpec("", 2, messages=[{"role": "system", "content": system}]))
+    hello = [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}]
+    await target.generate(RequestSpec("", 2, messages=hello))
     alone: list[RequestResult] = []
     loaded: list[RequestResult] = []
     bg: list[RequestResult] = []
@@ -155,6 +156,8 @@ def figures(results: list[RequestResult]) -> dict:
         "cached_tokens": cached,
         "cached_share": round(cached / prompt, 4) if prompt else None,
         "ttft_p50_ms_by_turn": turns,
+        "ttft_ms": {r.spec.tag: round(r.token_ms[0], 1) for r in ok},
+        "cached": {r.spec.tag: [r.cached_tokens, r.prompt_tokens] for r in ok},
     }
 
 

@@ -168,7 +168,7 @@ class SlowRuntime(FakeRuntime):
 @pytest.mark.parametrize("doc_qos", ["background", "interactive"])
 def test_an_interactive_arrival_aborts_a_long_background_tick(doc_qos) -> None:
     """A chat turn cuts short a tick of bulk work only: a labeled document's, or an unlabeled
-    one's whose prompt is over the interactive allowance (59 tokens; 16 with these costs)."""
+    one's whose prompt is over the interactive allowance (99 tokens; one batch, 64, here)."""
     from uma_serve.core.policy.pipeline import build_policy
 
     events: list[tuple[int, p.Event]] = []
@@ -189,8 +189,8 @@ def test_an_interactive_arrival_aborts_a_long_background_tick(doc_qos) -> None:
     )
     engine.start()
     doc = p.Generate(id="doc", prompt="x", max_tokens=2, qos=doc_qos, ignore_eos=True)
-    assert engine.prompt_allowance() < 59
-    engine.submit(Submission((1, "doc"), doc, list(range(1, 60)), 0))
+    assert engine.prompt_allowance() < 99
+    engine.submit(Submission((1, "doc"), doc, list(range(1, 100)), 0))
     assert rt.long_ticks.wait(10)
     chat = p.Generate(id="chat", prompt="x", max_tokens=3, ignore_eos=True)
     engine.submit(Submission((1, "chat"), chat, [1, 2, 3], 1))

@@ -11,7 +11,13 @@ from uma_serve.core.policy import Constraints, EngineStats, Phase, SchedulerStat
 from uma_serve.core.policy.cost import TickCost, TickShape
 from uma_serve.core.policy.latency_guard import LatencyGuard
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance, prompt_class
+from uma_serve.core.policy.work import (
+    BACKGROUND,
+    CHAT_TOKENS,
+    INTERACTIVE,
+    prompt_allowance,
+    prompt_class,
+)
 
 CPU = TickCost(a=0.3, b=14.0, c=1.9, d=0.0, e=0.0, samples=100)
 GPU = TickCost(a=0.1, b=1.4, c=0.016, d=0.0, e=3.0, samples=100)
@@ -19,13 +25,22 @@ C = Constraints(n_batch=512, tick_budget_ms=float("inf"), slo_ttft_ms=250.0, bg_
 
 
 def test_allowance_is_what_one_tick_prefills_within_the_ttft_target_and_one_batch():
-    # CPU: (250 - 0.3) / 1.9 tokens fit 250 ms; a GPU fits far more than a batch
-    assert prompt_allowance(CPU, C) == int((250.0 - 0.3) / 1.9) == 131
+    # a GPU fits far more than a batch in 250 ms; a tick of a 2-core CPU fits ~130 tokens
     assert prompt_allowance(GPU, C) == C.n_batch
-    # a tighter TTFT target admits shorter chat turns; never fewer than the minimum chunk
-    assert prompt_allowance(CPU, Constraints(n_batch=512, tick_budget_ms=1, slo_ttft_ms=50)) == 26
+    assert int((250.0 - 0.3) / 1.9) == 131 < CHAT_TOKENS
+    fast = TickCost(a=0.3, b=14.0, c=0.6, d=0.0, e=0.0, samples=100)  # a faster prefill
+    assert prompt_allowance(fast, C) == int((250.0 - 0.3) / 0.6) == 416
+    one_batch = Constraints(n_batch=300, tick_budget_ms=1, slo_ttft_ms=250.0)
+    assert prompt_allowance(fast, one_batch) == 300
+
+
+def test_a_typed_message_is_a_chat_turn_on_any_machine():
+    """Below CHAT_TOKENS the allowance does not follow the tick-time model: a 150-token
+    question that starts a conversation is a chat turn on a CPU too."""
+    assert prompt_allowance(CPU, C) == CHAT_TOKENS
     tiny = Constraints(n_batch=512, tick_budget_ms=1, slo_ttft_ms=1.0)
-    assert prompt_allowance(CPU, tiny) == tiny.min_prefill_tokens
+    assert prompt_allowance(CPU, tiny) == CHAT_TOKENS
+    assert prompt_allowance(CPU, Constraints(n_batch=128, tick_budget_ms=1)) == 128
 
 
 @pytest.mark.parametrize(
