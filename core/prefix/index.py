@@ -20,7 +20,10 @@ entries that were reused, or that extend a reused prefix (a system prompt, a con
 history, which every client re-sends each turn), only when no such entry is left. A
 conversation's turn is stored as an extension of the entry it reused and keeps its count, so
 a stream of one-shot documents cannot push a live conversation out (a segmented LRU;
-docs/MEMORY.md).
+docs/MEMORY.md). A never-reused entry that is evicted leaves its block hashes behind for a
+while (a *ghost*, as in 2Q and ARC): a new entry whose first two blocks or more match a ghost
+holds a prefix seen before, and counts as reused. A conversation whose first turn was pushed
+out before its second came (a busy server) then misses once, not at every turn.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 BLOCK = 32  # tokens per hashed block
 MIN_STORE = 16  # shorter finished sequences are not worth an entry
+GHOST_BLOCKS = 8192  # block hashes of evicted never-reused entries remembered (~0.5 MB)
 
 
 def block_hashes(tokens: Sequence[int], n_blocks: int | None = None) -> list[int]:
@@ -86,6 +90,7 @@ class PrefixIndex:
         self.budget = budget_tokens
         self.entries: dict[int, Entry] = {}
         self._by_hash: dict[int, set[int]] = {}
+        self._ghosts: dict[int, None] = {}  # evicted never-reused entries' hashes, oldest first
         self._clock = 0
 
     # ---- queries ----
@@ -153,9 +158,12 @@ class PrefixIndex:
             self.touch(existing)
             return StorePlan(None)
         evict: list[int] = []
-        # the reuse count of what it extends: its parent's (the entry its request reused)
-        # or a superseded entry's
+        # the reuse count of what it extends: its parent's (the entry its request reused),
+        # a superseded entry's, or one for a prefix an evicted entry held (a ghost)
+        hashes = block_hashes(tokens)
         hits = _inherited(self.entries.get(parent), shared)
+        if self._ghost_blocks(hashes) >= 2:
+            hits = max(hits, 1)
         # entries that are prefixes of the new one are superseded by it
         for e in list(self.entries.values()):
             if e.pinned:
@@ -176,12 +184,10 @@ class PrefixIndex:
                 if parent is None:
                     shared = 0
                 own = len(tokens) - shared
-            evict.append(self._remove(victim.cache_id))
+            evict.append(self._evict(victim))
         if not self.free_ids:
             return StorePlan(None, evict)
-        entry = Entry(
-            self.free_ids.pop(), tokens, block_hashes(tokens), 0, parent, shared if parent else 0
-        )
+        entry = Entry(self.free_ids.pop(), tokens, hashes, 0, parent, shared if parent else 0)
         entry.hits = hits
         if entry.parent is None:
             entry.shared = 0
@@ -213,7 +219,7 @@ class PrefixIndex:
         """Drop the next victim (the engine clears its id); None if none."""
         if not self._evictable():
             return None
-        return self._remove(self._victim().cache_id)
+        return self._evict(self._victim())
 
     def clear(self, cold_first: bool = False) -> list[int]:
         """Drop every entry but the pinned ones, or with ``cold_first`` only those never
@@ -221,10 +227,26 @@ class PrefixIndex:
         victims = self._evictable()
         if cold_first and any(e.hits == 0 for e in victims):
             victims = [e for e in victims if e.hits == 0]
-        ids = [e.cache_id for e in victims]
-        for cid in ids:
-            self._remove(cid)
-        return ids
+        return [self._evict(e) for e in victims]
+
+    def _evict(self, e: Entry) -> int:
+        """Remove an entry for room; one never reused leaves its hashes as a ghost."""
+        if e.hits == 0:
+            for h in e.hashes:
+                self._ghosts.pop(h, None)
+                self._ghosts[h] = None
+            for h in list(self._ghosts)[: max(len(self._ghosts) - GHOST_BLOCKS, 0)]:
+                del self._ghosts[h]
+        return self._remove(e.cache_id)
+
+    def _ghost_blocks(self, hashes: list[int]) -> int:
+        """Leading blocks of a token list that an evicted entry held."""
+        n = 0
+        for h in hashes:
+            if h not in self._ghosts:
+                break
+            n += 1
+        return n
 
     def _remove(self, cache_id: int) -> int:
         e = self.entries.pop(cache_id)

@@ -42,6 +42,25 @@ def test_a_reused_conversation_survives_a_stream_of_one_shot_documents() -> None
     assert sum(e.hits == 0 for e in idx.entries.values()) >= 1  # documents still cached
 
 
+def test_a_turn_whose_history_was_pushed_out_is_kept_the_next_time() -> None:
+    """A busy server evicts a new conversation's first turn (never reused yet) before its
+    second arrives: that turn recomputes its history, and its entry, a prefix an evicted
+    entry held (a ghost), is kept from then on. A document seen once stays a candidate."""
+    idx = PrefixIndex(range(10, 13), budget_tokens=2 * len(doc(0)) + 30 * BLOCK)
+    turn1 = SYS + list(range(1, 6 * BLOCK))
+    idx.plan_store(turn1, None, 0)
+    for k in range(3):
+        idx.plan_store(doc(k), None, 0)
+    assert idx.lookup(turn1)[0] is None  # pushed out before the next turn came
+    second = idx.plan_store(turn1 + [7] * BLOCK, None, 0).entry  # computed again, stored
+    assert second.hits == 1
+    for k in range(3, 20):
+        idx.plan_store(doc(k), None, 0)
+        assert second.cache_id in idx.entries, f"evicted by document {k}"
+    assert idx.plan_store(doc(0), None, 0).entry.hits == 1  # the first document, again
+    assert idx.plan_store(doc(30), None, 0).entry.hits == 0
+
+
 def test_documents_go_before_a_reused_entry_also_out_of_ids() -> None:
     idx = PrefixIndex([10, 11], budget_tokens=10_000)
     chat = idx.plan_store(SYS + [1, 2, 3], None, 0).entry
