@@ -39,6 +39,7 @@ REMOVED_OPTIONS: dict[str, tuple[str, str]] = {
     ),
 }
 POLICY_TRANSFORMERS = ("qos", "spec", "latency", "bmt")
+AUTO = -1  # a size the daemon derives from the others
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
 
 
@@ -78,8 +79,8 @@ class Config:
     reserved_interactive_seqs: int = 1
     sampler: str = "auto"
     compute_nice: int = 5
-    prefix_cache_tokens: int = 4096
-    prefix_cache_slots: int = 8
+    prefix_cache_tokens: int = -1  # auto: prefix_cache_size
+    prefix_cache_slots: int = -1  # auto: prefix_cache_size
     spec_draft: int = -1
     spec_max_streams: int = 4
     pin_prefix: str = ""
@@ -242,12 +243,13 @@ def _size_problems(c: Config) -> list[str]:
         "starve_ms",
         "quiet_ms",
         "drain_timeout",
-        "prefix_cache_tokens",
-        "prefix_cache_slots",
         "spec_max_streams",
     ):
         if getattr(c, name) < 0:
             problems.append(f"{name} must not be negative")
+    for name in ("prefix_cache_tokens", "prefix_cache_slots"):
+        if getattr(c, name) < AUTO:
+            problems.append(f"{name} must be -1 (auto) or at least 0")
     if not 0 <= c.compute_nice <= 19:
         problems.append("compute_nice must be in [0, 19]")
     return problems
@@ -288,6 +290,15 @@ def _device_problems(c: Config) -> list[str]:
         if shares and (min(shares) < 0 or sum(shares) <= 0):
             problems.append("tensor_split shares must not be negative, and not all zero")
     return problems
+
+
+def prefix_cache_size(c: Config) -> tuple[int, int]:
+    """The prefix cache's token budget and entries, -1 (auto) resolved: half the KV cache in as
+    many entries as sequences run (at least 8), so it grows with the machine's configuration:
+    16 conversations need 16 entries of their history (2-core CPU defaults: 4096 and 8)."""
+    tokens = c.n_ctx // 2 if c.prefix_cache_tokens == AUTO else c.prefix_cache_tokens
+    slots = max(8, c.n_seq) if c.prefix_cache_slots == AUTO else c.prefix_cache_slots
+    return tokens, slots
 
 
 def tensor_shares(text: str) -> tuple[float, ...]:

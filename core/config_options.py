@@ -131,11 +131,13 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "prefix_cache_tokens": (
         "prefix cache: KV cells finished sequences may keep resident for reuse by later "
-        "prompts (0: off; on, the SWA layers keep full-size KV: docs/MEMORY.md)",
+        "prompts (-1: half of --n-ctx; 0: off; on, the SWA layers keep full-size KV: "
+        "docs/MEMORY.md)",
         "cache.prefix_cache_tokens",
     ),
     "prefix_cache_slots": (
-        "prefix cache: cached prefixes at most (extra sequence ids in the context)",
+        "prefix cache: cached prefixes at most (extra sequence ids in the context; -1: "
+        "--n-seq, at least 8)",
         "cache.prefix_cache_slots",
     ),
     "spec_draft": (

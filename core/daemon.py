@@ -53,7 +53,8 @@ def deterministic(config: cfg.Config) -> cfg.Config:
 
 
 def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> RuntimeParams:
-    prefix_cache = config.prefix_cache_tokens > 0 and config.prefix_cache_slots > 0
+    cache_tokens, cache_slots = cfg.prefix_cache_size(config)
+    prefix_cache = cache_tokens > 0 and cache_slots > 0
     det = config.deterministic == "on"
     return RuntimeParams(
         model_path=config.model or cfg.default_model_path(),
@@ -70,7 +71,7 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
         # deterministic: no cell may be recycled either (its request's cells stay in
         # position order), and the cache's entries live on the host, not in the context
         swa_full=prefix_cache or det,
-        n_seq_cache=config.prefix_cache_slots if prefix_cache and not det else 0,
+        n_seq_cache=cache_slots if prefix_cache and not det else 0,
         shadow=prefix_cache or det,
         deterministic=det,
         flash_attn=1 if det else -1,
@@ -117,6 +118,9 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     on_passing_thread(runtime.warm_up)
     names = cfg.policy_names(config)
     facts = runtime.info.facts()
+    cache_tokens, cache_slots = cfg.prefix_cache_size(config)
+    if not (runtime.params.n_seq_cache or runtime.params.deterministic):
+        cache_tokens = 0
     tuner = None
     if config.tuner == "on":
         tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
@@ -130,10 +134,8 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         seed=config.seed,
         tuner=tuner,
         reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
-        prefix_cache_tokens=config.prefix_cache_tokens
-        if runtime.params.n_seq_cache or runtime.params.deterministic
-        else 0,
-        prefix_cache_slots=config.prefix_cache_slots,
+        prefix_cache_tokens=cache_tokens,
+        prefix_cache_slots=cache_slots,
         compute_nice=config.compute_nice,
         fail_decode=faults.decode_fail,
     )
