@@ -40,6 +40,7 @@ REMOVED_OPTIONS: dict[str, tuple[str, str]] = {
 }
 POLICY_TRANSFORMERS = ("qos", "spec", "latency", "bmt")
 AUTO = -1  # a size the daemon derives from the others
+LLAMA_MAX_SEQ = 256  # sequence ids a llama.cpp context may have
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
 
 
@@ -297,7 +298,9 @@ def prefix_cache_size(c: Config) -> tuple[int, int]:
     many entries as sequences run (at least 8), so it grows with the machine's configuration:
     16 conversations need 16 entries of their history (2-core CPU defaults: 4096 and 8)."""
     tokens = c.n_ctx // 2 if c.prefix_cache_tokens == AUTO else c.prefix_cache_tokens
-    slots = max(8, c.n_seq) if c.prefix_cache_slots == AUTO else c.prefix_cache_slots
+    # every id has a shadow id (docs/MEMORY.md): 2 x (n_seq + slots) within llama.cpp's 256
+    auto_slots = max(min(max(8, c.n_seq), LLAMA_MAX_SEQ // 2 - c.n_seq), 0)
+    slots = auto_slots if c.prefix_cache_slots == AUTO else c.prefix_cache_slots
     return tokens, slots
 
 
