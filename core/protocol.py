@@ -257,6 +257,9 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     # the GGUF carries its own chat template (instruction-tuned models do; a base model's
     # chat goes through a shipped generic template and its answers are not a chat's)
     gguf_chat_template: bool = False
+    # the largest request frame the core reads (--max-frame-bytes); a larger one closes the
+    # connection, so clients refuse such a request themselves (0: not announced)
+    max_frame_bytes: int = 0
 
 
 class TokensEvent(msgspec.Struct, tag_field="event", tag="tokens", omit_defaults=True):

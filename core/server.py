@@ -321,6 +321,7 @@ class CoreServer:
             max_tokens=self.config.max_tokens,
             max_prompt_bytes=self.config.max_prompt_bytes,
             gguf_chat_template=rt.info.chat_template is not None,
+            max_frame_bytes=self.config.max_frame_bytes,
         )
 
     # ---- shutdown ----

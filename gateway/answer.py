@@ -28,6 +28,7 @@ class Job:
     include_usage: bool = False
     echo: str = ""
     prompt_param: str = "prompt"
+    grammar_param: str = "grammar"  # the field the core request's grammar was built from
     n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
     tool_mode: str | None = None  # "auto" / "forced": tool calls are read from the text
     created: int = field(default_factory=lambda: int(time.time()))

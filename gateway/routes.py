@@ -23,6 +23,7 @@ from uma_serve.core import protocol as p
 from uma_serve.gateway import choices, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
+from uma_serve.gateway.frame_limit import check_frame
 from uma_serve.gateway.router import note_session
 from uma_serve.gateway.streaming import (
     ClientGone,
@@ -31,7 +32,7 @@ from uma_serve.gateway.streaming import (
     sse_response,
     tagged,
 )
-from uma_serve.gateway.tool_prompt import grammar_of
+from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of
 
 QOS_HEADER = "x-uma-qos"
 # Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
@@ -250,6 +251,7 @@ async def _generate(request: Request, kind: type) -> Response:
         else:
             job = _chat_job(request, req, info, model, qos)
         job.n = req.n or 1
+        check_frame(job.generate, job.n, info.max_frame_bytes, job.grammar_param, job.prompt_param)
         if req.stream:
             response = await _start_stream(request, job, release, stop)
             handed_off = True
@@ -302,6 +304,7 @@ def _chat_job(
         **sampling(req),
     )
     job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+    job.grammar_param = grammar_param_of(req)
     job.tool_mode = req.tool_mode
     return job
 

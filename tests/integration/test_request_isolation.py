@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import string
 
 import httpx
 import pytest
 
+from uma_serve.clients.client import E_TOO_BIG, AsyncUmaClient, CoreError
+from uma_serve.core import protocol as p
+
 from .gateway_fixtures import *  # noqa: F403
+from .gateway_fixtures import core_metrics, start_gateway
+from .helpers import gen
 
 pytestmark = pytest.mark.integration
 
@@ -46,3 +52,87 @@ def test_a_grammar_too_deep_for_the_parser_is_400_and_the_core_serves_on(
     ok = gateway.client().completions.create(model=model_id, prompt="Hello", max_tokens=4)
     assert ok.choices[0].text
     assert "Traceback" not in umad.log() and "Traceback" not in gateway.log()
+
+
+def _nested_arrays(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.fixture(scope="module")
+def one_connection_gateway(umad):
+    """Every request on one pooled core connection; bodies up to 4 MiB (over the core's
+    1 MiB frame limit, so a request too big for the core reaches the gateway's check)."""
+    gw = start_gateway(umad.socket, "--pool-size", "1", "--max-body-bytes", str(4 << 20))
+    yield gw
+    gw.stop()
+
+
+def _big_requests(model_id: str) -> list[tuple[str, dict, str]]:
+    """(route, body, the param its 400 names): each once ended every stream on its connection."""
+    deep = _nested_arrays(400)  # a 1.2 MB grammar once converted
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    chat = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    huge_grammar = 'root ::= "' + "a" * 1_200_000 + '"'
+    return [
+        ("completions", {"model": model_id, "prompt": "hi", "grammar": huge_grammar}, "grammar"),
+        (
+            "chat/completions",
+            {
+                **chat,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": deep},
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+        ("chat/completions", {**chat, "tools": [tool], "tool_choice": "required"}, "tools"),
+    ]
+
+
+def test_a_request_too_big_for_the_core_never_ends_anothers_stream(
+    one_connection_gateway, umad, model_id
+) -> None:
+    gw = one_connection_gateway
+    stream = gw.client().completions.create(
+        model=model_id,
+        prompt="Tell me a story.",
+        max_tokens=300,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = [next(stream)]  # running, on the gateway's only core connection
+    for route, body, param in _big_requests(model_id):
+        r = httpx.post(f"{gw.base_url}/{route}", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+    assert core_metrics(umad.socket)["active_sessions"] >= 1  # the stream still ran meanwhile
+    chunks += list(stream)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finish[-1] == "length" and chunks[-1].usage.completion_tokens == 300
+    assert "Traceback" not in gw.log() and "Traceback" not in umad.log()
+
+
+def test_the_client_refuses_a_frame_over_the_cores_limit_for_that_request_alone(umad) -> None:
+    big = gen("hi", grammar='root ::= "' + "a" * 1_200_000 + '"')
+
+    async def run() -> None:
+        client = await AsyncUmaClient.connect(umad.socket)
+        try:
+            assert client.max_frame_bytes == umad.client().info().max_frame_bytes > 0
+            running = client.stream(gen("Tell me a story.", max_tokens=64, ignore_eos=True))
+            first = await anext(running)
+            with pytest.raises(CoreError) as refused:
+                await client.complete(big)
+            assert refused.value.code == E_TOO_BIG, refused.value
+            rest = [ev async for ev in running]
+            assert isinstance(first, p.TokenEvent) and isinstance(rest[-1], p.EosEvent)
+            assert rest[-1].usage.completion_tokens == 64 and not client.closed
+        finally:
+            await client.close()
+
+    asyncio.run(run())
