@@ -10,6 +10,7 @@ import uvicorn
 
 from uma_serve.gateway.app import Settings, create_app
 from uma_serve.gateway.drain import STOP_MARGIN_S, GatewayServer
+from uma_serve.gateway.early_close import close_unread_body
 from uma_serve.gateway.http_limits import limited_protocol
 from uma_serve.gateway.tcp_cork import cork_response_head
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
     gc.freeze()
     config = uvicorn.Config(
-        cork_response_head(app),
+        close_unread_body(cork_response_head(app)),
         host=args.host,
         port=args.port,
         http=limited_protocol(args.max_header_bytes, args.header_timeout),
