@@ -343,7 +343,8 @@ async def _start_stream(request: Request, job: Job, on_close: Any, stop: Any = N
     sent = time.perf_counter()
     asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:
-        first = await first_event(request, events, stop)
+        timeout = request.app.state.settings.first_event_timeout
+        first = await first_event(request, events, stop, timeout)
     except CoreError as exc:
         await events.aclose()
         raise _core_api_error(exc, job) from None

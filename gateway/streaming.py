@@ -82,20 +82,49 @@ async def race_disconnect(request: Request, work: Awaitable[T], stop: Stop | Non
             stop.waiting = None
 
 
+class Deadline:
+    """Cancels ``task`` after ``seconds`` (0: never): a stream's wait for its first event."""
+
+    def __init__(self, task: asyncio.Task, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(seconds, self._expire, task) if seconds > 0 else None
+
+    def _expire(self, task: asyncio.Task) -> None:
+        self.expired = True
+        task.cancel()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def error(self) -> ApiError:
+        return ApiError(
+            503,
+            f"the inference core sent nothing within {self.seconds:g} s (--first-event-timeout)",
+            type="server_error",
+            code="core_timeout",
+            headers={"Retry-After": "1"},
+        )
+
+
 async def first_event(
-    request: Request, events: AsyncIterator[p.Event], stop: Stop | None = None
+    request: Request, events: AsyncIterator[p.Event], stop: Stop | None = None, timeout: float = 0
 ) -> p.Event:
     """The stream's first event, awaited on this task itself (the TTFT path: no wrapper task,
     no asyncio.wait). A watcher cancels this task if the client disconnects first, which
     becomes ClientGone; it starts ``WATCH_AFTER_S`` later, while the core works, so creating
     it is not on the path of a request to the core. A ``stop`` (the gateway shutting down)
-    cancels it too: a 503 ``shutting_down``."""
+    cancels it too: a 503 ``shutting_down``; so does ``--first-event-timeout``: a 503
+    ``core_timeout``."""
     task = asyncio.current_task()
     assert task is not None
     if stop is not None:
         stop.waiting = task
     gone = False
     watcher: asyncio.Task | None = None
+    deadline = Deadline(task, timeout)
 
     async def watch() -> None:
         nonlocal gone
@@ -117,11 +146,15 @@ async def first_event(
         if stop is not None and stop.stopped:
             task.uncancel()
             raise shutting_down_error("no token was ready in time") from None
+        if deadline.expired:
+            task.uncancel()
+            raise deadline.error() from None
         raise
     finally:
         if stop is not None:
             stop.waiting = None
         timer.cancel()
+        deadline.cancel()
         if watcher is not None:
             watcher.cancel()
 
