@@ -129,6 +129,37 @@ class AsyncUmaClient:
                 with contextlib.suppress(Exception):
                     self._writer.write(p.encode(p.Cancel(id=request.id)))
 
+    async def stream_group(self, request: p.Generate) -> AsyncIterator[tuple[int, p.Event]]:
+        """A request with ``n`` > 1 (admitted whole or refused whole by the core): each of its
+        sequences' events, tagged with the sequence's index, up to the last final one.
+
+        Raises CoreError for the first error of any sequence; leaving early cancels those
+        still running."""
+        data = self._frame(request)
+        ids = {f"{request.id}-{i}": i for i in range(request.n)}
+        queue: asyncio.Queue[p.Event | CoreError] = asyncio.Queue()  # one for all n
+        self._queues.update(dict.fromkeys(ids, queue))
+        running = set(ids)
+        try:
+            await self._send(data)
+            while running:
+                item = await queue.get()
+                if isinstance(item, CoreError):
+                    raise item
+                if isinstance(item, p.ErrorEvent):
+                    running.discard(item.id or "")
+                    raise CoreError(item.code, item.message)
+                if isinstance(item, _FINAL):
+                    running.discard(item.id or "")
+                yield ids[item.id or ""], item
+        finally:
+            for rid in ids:
+                self._queues.pop(rid, None)
+            if not self.closed:
+                for rid in running:
+                    with contextlib.suppress(Exception):
+                        self._writer.write(p.encode(p.Cancel(id=rid)))
+
     async def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
         """Run a generation to its end; return the final event (text joined if streamed)."""
         last: p.Event | None = None

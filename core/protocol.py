@@ -51,6 +51,7 @@ PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+MAX_GROUP = 64  # sequences one generate request may ask for (its n)
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 QoS = Literal["interactive", "background"]
 # token id -> added to its logit before sampling (-100 bans a token, +100 forces it), as OpenAI
@@ -92,6 +93,8 @@ class Generate(
     qos: QoS = "interactive"
     # GBNF text (root rule ``root``) constraining the output: llama.cpp's grammar sampler
     grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    # n > 1: n sequences admitted together or not at all (core/group.py), ids "<id>-<i>"
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

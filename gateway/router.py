@@ -197,6 +197,18 @@ class Router:
             return self.single.stream(gen)
         return self._stream(gen)
 
+    def stream_group(self, gen: p.Generate) -> AsyncIterator[tuple[int, p.Event]]:
+        """A request with ``n`` > 1 on one core: the first of its ranking not hung (a group
+        is not moved to another core)."""
+        cores = [c for c in self.order(gen)[0] if not c.why_hung] if self.single is None else []
+        core = cores[0] if cores else self.cores[0]
+        if core.why_hung:
+            return liveness.refused(liveness.hung_error(core))
+        note = NOTE.get()
+        if note is not None:
+            note.core = core.name
+        return core.pool.stream_group(gen)
+
     async def _stream(self, gen: p.Generate) -> AsyncIterator[p.Event]:
         note = NOTE.get()
         cores, reason = self.order(gen)

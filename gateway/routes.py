@@ -334,12 +334,7 @@ def _core_api_error(exc: CoreError, job: Job) -> ApiError:
 async def _start_stream(request: Request, job: Job, on_close: Any, stop: Any = None) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     pool = request.app.state.pool
-    gens = job.generates()
-    events = (
-        choices.merged([pool.stream(g) for g in gens])
-        if job.n > 1
-        else tagged(pool.stream(gens[0]))
-    )
+    events = choices.merged(pool, job) if job.n > 1 else tagged(pool.stream(job.generate))
     sent = time.perf_counter()
     asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import string
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from uma_serve.clients.client import E_TOO_BIG, AsyncUmaClient, CoreError
 from uma_serve.core import protocol as p
 
 from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import core_metrics, start_gateway
+from .gateway_fixtures import core_metrics, start_gateway, wait_idle
 from .helpers import gen
 
 pytestmark = pytest.mark.integration
@@ -136,3 +137,23 @@ def test_the_client_refuses_a_frame_over_the_cores_limit_for_that_request_alone(
             await client.close()
 
     asyncio.run(run())
+
+
+def test_concurrent_n_requests_never_lock_each_other_out(gateway, umad, model_id) -> None:
+    """The core admits a request's n sequences together or not at all: of four concurrent
+    n=16 requests (the core's --max-sessions is 16) one at least is served in full; each
+    other one is served or refused whole. Sent as 16 separate requests, each took part of
+    the 16 places and all four got 429."""
+    body = {"model": model_id, "prompt": "Count:", "max_tokens": 2, "n": 16}
+
+    def post(_: int) -> httpx.Response:
+        return httpx.post(f"{gateway.base_url}/completions", json=body, timeout=120)
+
+    for _round in range(3):
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(post, range(4)))
+        statuses = [r.status_code for r in answers]
+        assert set(statuses) <= {200, 429} and 200 in statuses, [r.text for r in answers]
+        assert all(len(r.json()["choices"]) == 16 for r in answers if r.status_code == 200)
+    m = wait_idle(umad.socket)
+    assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0 and m["kv_cells_used"] == 0
