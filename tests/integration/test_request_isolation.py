@@ -15,7 +15,7 @@ from uma_serve.clients.client import E_TOO_BIG, AsyncUmaClient, CoreError
 from uma_serve.core import protocol as p
 
 from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import core_metrics, start_gateway, wait_idle
+from .gateway_fixtures import API_KEYS, core_metrics, start_gateway, wait_idle
 from .helpers import gen
 
 pytestmark = pytest.mark.integration
@@ -157,3 +157,33 @@ def test_concurrent_n_requests_never_lock_each_other_out(gateway, umad, model_id
         assert all(len(r.json()["choices"]) == 16 for r in answers if r.status_code == 200)
     m = wait_idle(umad.socket)
     assert m["active_sessions"] == 0 and m["waiting_sessions"] == 0 and m["kv_cells_used"] == 0
+
+
+def test_tokenize_and_detokenize_take_an_inflight_place_and_are_bounded(
+    strict_gateway, model_id
+) -> None:
+    """/tokenize and /detokenize hold one of --max-inflight's places (the strict gateway has
+    one) while the core works, and their sizes are bounded by the core's limits."""
+    gw, headers = strict_gateway, {"Authorization": f"Bearer {API_KEYS[0]}"}
+    base = gw.url
+
+    def tok() -> httpx.Response:
+        return httpx.post(f"{base}/tokenize", json={"content": "hi"}, headers=headers)
+
+    def detok(tokens: list[int]) -> httpx.Response:
+        return httpx.post(f"{base}/detokenize", json={"tokens": tokens}, headers=headers)
+
+    stream = gw.client(API_KEYS[0]).completions.create(
+        model=model_id, prompt="Tell me a story.", max_tokens=200, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(stream)  # the only place is held by this stream now
+    busy = [tok(), detok([1, 2])]
+    list(stream)
+    assert [r.status_code for r in busy] == [429, 429], [r.text for r in busy]
+    assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in busy)
+    assert tok().status_code == 200 and detok([1, 2]).status_code == 200
+    over = httpx.post(f"{base}/tokenize", json={"content": "a" * 20001}, headers=headers)
+    assert over.status_code == 400 and over.json()["error"]["param"] == "content", over.text
+    long = detok([1] * 20001)
+    assert long.status_code == 400 and long.json()["error"]["param"] == "tokens", long.text
