@@ -256,7 +256,8 @@ def sse_response(
     """The stream of ``job.n`` choices, starting from an already received first event: per
     choice the role (chat) and its first text in one write, one chunk per token, the finish
     reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended.
-    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``."""
+    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``, as does
+    any error (the core gone, its drain timed out)."""
     cleanup = _close_once(events, on_close)
     halt = stop if stop is not None else Stop()
     body = _sse_body(job, first, events, halt, cleanup)
@@ -302,8 +303,9 @@ async def _sse_body(
                     text = job.echo + ev.text
                     yield job.role_event(i) + job.content_event(text, i, ev.logprobs)
             elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                if err := end_error(job, ev):
+                if err := end_error(job, ev):  # e.g. the core's drain timed out
                     yield json.dumps(err.body())
+                    yield "[DONE]"
                     return
                 for chunk in _choice_end(job, i, ev, started[i], usages):
                     yield chunk
@@ -324,11 +326,13 @@ async def _sse_body(
                 halt.waiting = None
         else:
             yield json.dumps(ApiError(500, "the core ended the stream early").body())
+            yield "[DONE]"
             return
         yield json.dumps(shutting_down_error("the stream was cut short").body())
         yield "[DONE]"
-    except CoreError as exc:
+    except CoreError as exc:  # e.g. the core died: every stream still ends with [DONE]
         yield json.dumps(from_core_error(exc, job.prompt_param).body())
+        yield "[DONE]"
     finally:
         await cleanup()
 
