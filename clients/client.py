@@ -19,6 +19,9 @@ from uma_serve.core import protocol as p
 
 DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")
 _FINAL = (p.EosEvent, p.CompletionEvent, p.ErrorEvent)
+# a request too big for the core's --max-frame-bytes, refused here and never sent: the core
+# would close the connection, ending every other request multiplexed on it
+E_TOO_BIG = "E_CLIENT_001"
 
 
 class CoreError(Exception):
@@ -44,17 +47,27 @@ class AsyncUmaClient:
         self._admin_ids = (f"admin-{n}" for n in itertools.count())
         self._reader_task = asyncio.create_task(self._read_loop())
         self.closed = False
+        self.max_frame_bytes = 0  # the core's, from its info (0: unknown, nothing refused)
 
     @classmethod
     async def connect(cls, path: str = DEFAULT_SOCKET) -> AsyncUmaClient:
+        """A connection that knows the core's frame limit (one ``info`` round trip)."""
         reader, writer = await asyncio.open_unix_connection(path, limit=p.DEFAULT_MAX_FRAME)
-        return cls(reader, writer)
+        client = cls(reader, writer)
+        try:
+            await client.info()
+        except BaseException:
+            await client.close()
+            raise
+        return client
 
     async def _read_loop(self) -> None:
         reason = CoreError(p.E_IO, "connection to the core closed")
         try:
             while True:
                 event = p.decode_event(await p.read_frame(self._reader, 1 << 30))
+                if isinstance(event, p.InfoEvent):
+                    self.max_frame_bytes = event.max_frame_bytes
                 queue = self._queues.get(event.id) if event.id is not None else None
                 if queue is not None:
                     queue.put_nowait(event)
@@ -69,10 +82,20 @@ class AsyncUmaClient:
             for queue in self._queues.values():
                 queue.put_nowait(reason)
 
+    def _frame(self, msg: Any) -> bytes:
+        """``msg`` framed, or CoreError(E_TOO_BIG) for a frame over the core's limit: that
+        request alone fails, the connection and its other requests go on."""
+        data = p.encode(msg)
+        size, limit = len(data) - p.HEADER.size, self.max_frame_bytes
+        if limit and size > limit:
+            raise CoreError(E_TOO_BIG, f"request of {size} bytes is over the core's limit {limit}")
+        return data
+
     async def _send(self, msg: Any) -> None:
+        data = msg if isinstance(msg, bytes) else self._frame(msg)
         if self.closed:
             raise CoreError(p.E_IO, "connection to the core closed")
-        self._writer.write(p.encode(msg))
+        self._writer.write(data)
         await self._writer.drain()
 
     async def stream(self, request: p.Generate) -> AsyncIterator[p.Event]:
@@ -81,11 +104,12 @@ class AsyncUmaClient:
         Raises CoreError for an ``error`` event or a lost connection. Leaving the loop early
         (break, exception, task cancellation) cancels the request in the core.
         """
+        data = self._frame(request)  # before anything is registered or sent
         queue: asyncio.Queue[p.Event | CoreError] = asyncio.Queue()
         self._queues[request.id] = queue
         done = False
         try:
-            await self._send(request)
+            await self._send(data)
             while True:
                 item = await queue.get()
                 if isinstance(item, CoreError):
@@ -104,6 +128,37 @@ class AsyncUmaClient:
             if not done and not self.closed:
                 with contextlib.suppress(Exception):
                     self._writer.write(p.encode(p.Cancel(id=request.id)))
+
+    async def stream_group(self, request: p.Generate) -> AsyncIterator[tuple[int, p.Event]]:
+        """A request with ``n`` > 1 (admitted whole or refused whole by the core): each of its
+        sequences' events, tagged with the sequence's index, up to the last final one.
+
+        Raises CoreError for the first error of any sequence; leaving early cancels those
+        still running."""
+        data = self._frame(request)
+        ids = {f"{request.id}-{i}": i for i in range(request.n)}
+        queue: asyncio.Queue[p.Event | CoreError] = asyncio.Queue()  # one for all n
+        self._queues.update(dict.fromkeys(ids, queue))
+        running = set(ids)
+        try:
+            await self._send(data)
+            while running:
+                item = await queue.get()
+                if isinstance(item, CoreError):
+                    raise item
+                if isinstance(item, p.ErrorEvent):
+                    running.discard(item.id or "")
+                    raise CoreError(item.code, item.message)
+                if isinstance(item, _FINAL):
+                    running.discard(item.id or "")
+                yield ids[item.id or ""], item
+        finally:
+            for rid in ids:
+                self._queues.pop(rid, None)
+            if not self.closed:
+                for rid in running:
+                    with contextlib.suppress(Exception):
+                        self._writer.write(p.encode(p.Cancel(id=rid)))
 
     async def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
         """Run a generation to its end; return the final event (text joined if streamed)."""

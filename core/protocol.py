@@ -51,6 +51,7 @@ PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+MAX_GROUP = 64  # sequences one generate request may ask for (its n)
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 QoS = Literal["interactive", "background"]
 # token id -> added to its logit before sampling (-100 bans a token, +100 forces it), as OpenAI
@@ -92,6 +93,8 @@ class Generate(
     qos: QoS = "interactive"
     # GBNF text (root rule ``root``) constraining the output: llama.cpp's grammar sampler
     grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    # n > 1: n sequences admitted together or not at all (core/group.py), ids "<id>-<i>"
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -257,6 +260,9 @@ class InfoEvent(msgspec.Struct, tag_field="event", tag="info"):
     # the GGUF carries its own chat template (instruction-tuned models do; a base model's
     # chat goes through a shipped generic template and its answers are not a chat's)
     gguf_chat_template: bool = False
+    # the largest request frame the core reads (--max-frame-bytes); a larger one closes the
+    # connection, so clients refuse such a request themselves (0: not announced)
+    max_frame_bytes: int = 0
 
 
 class TokensEvent(msgspec.Struct, tag_field="event", tag="tokens", omit_defaults=True):

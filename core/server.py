@@ -23,6 +23,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, normalize
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
+from uma_serve.core.group import members
 from uma_serve.core.prompt_tokens import ChatTokenizer, PromptTokenizer
 from uma_serve.core.runtime import Runtime
 from uma_serve.core.runtime.grammar import GrammarError, check_grammar
@@ -203,9 +204,11 @@ class CoreServer:
     def _dispatch(self, conn: Connection, request: p.Request, arrival_ns: int) -> None:
         match request:
             case p.Generate():
-                error = self._admit(conn, request, arrival_ns)
+                subs = members(request)  # n > 1: all admitted, or all refused (core/group.py)
+                error = self._admit(conn, request, arrival_ns, subs)
                 if error is not None:
-                    conn.send(p.ErrorEvent(id=request.id, code=error[0], message=error[1]))
+                    for sub in subs:
+                        conn.send(p.ErrorEvent(id=sub.id, code=error[0], message=error[1]))
             case p.Cancel(id=rid):
                 if rid in conn.inflight:
                     self.engine.cancel((conn.id, rid))
@@ -221,9 +224,11 @@ class CoreServer:
             case p.TokenizeRequest() | p.DetokenizeRequest():
                 conn.send(self.tokens(request))
 
-    def _admit(self, conn: Connection, req: p.Generate, arrival_ns: int) -> tuple[str, str] | None:
-        """Submit the request to the engine, or the (code, message) refusing it."""
-        refusal = self._limits(conn, req)
+    def _admit(
+        self, conn: Connection, req: p.Generate, arrival_ns: int, subs: list[p.Generate]
+    ) -> tuple[str, str] | None:
+        """Submit the request (its ``subs``) to the engine, or the (code, message) refusing it."""
+        refusal = self._limits(conn, req, subs)
         if refusal is not None:
             return refusal
         if req.messages is not None:
@@ -245,11 +250,14 @@ class CoreServer:
                 p.E_LIMIT,
                 f"prompt of {len(tokens)} tokens does not fit the context ({room} per sequence)",
             )
-        conn.inflight.add(req.id)
-        self.engine.submit(Submission((conn.id, req.id), req, tokens, arrival_ns))
+        for sub in subs:
+            conn.inflight.add(sub.id)
+            self.engine.submit(Submission((conn.id, sub.id), sub, list(tokens), arrival_ns))
         return None
 
-    def _limits(self, conn: Connection, req: p.Generate) -> tuple[str, str] | None:
+    def _limits(
+        self, conn: Connection, req: p.Generate, subs: list[p.Generate]
+    ) -> tuple[str, str] | None:
         """What refuses a request before its prompt is tokenized: the daemon's state, the
         configured limits, values the model cannot take."""
         c = self.config
@@ -257,10 +265,11 @@ class CoreServer:
             return p.E_SHUTDOWN, "the daemon is shutting down"
         if not self.engine.alive:
             return p.E_RUNTIME, "the engine has stopped (see the daemon log): restart umad"
-        if req.id in conn.inflight:
-            return p.E_DUP_ID, f"request id {req.id!r} is already in flight on this connection"
-        if self.in_flight() >= c.max_sessions:
-            return p.E_BUSY, f"{c.max_sessions} requests in flight (max_sessions): retry later"
+        if dup := next((s.id for s in subs if s.id in conn.inflight), None):
+            return p.E_DUP_ID, f"request id {dup!r} is already in flight on this connection"
+        if self.in_flight() + len(subs) > c.max_sessions:
+            held = f"{self.in_flight()} requests in flight"
+            return p.E_BUSY, f"{held}, room for {len(subs)} more is over max_sessions: retry later"
         if req.max_tokens > c.max_tokens:
             return p.E_LIMIT_TOKENS, f"max_tokens {req.max_tokens} is over the limit {c.max_tokens}"
         if req.logit_bias and (top := max(req.logit_bias)) >= self.runtime.n_vocab:
@@ -321,6 +330,7 @@ class CoreServer:
             max_tokens=self.config.max_tokens,
             max_prompt_bytes=self.config.max_prompt_bytes,
             gguf_chat_template=rt.info.chat_template is not None,
+            max_frame_bytes=self.config.max_frame_bytes,
         )
 
     # ---- shutdown ----

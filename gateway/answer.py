@@ -28,6 +28,7 @@ class Job:
     include_usage: bool = False
     echo: str = ""
     prompt_param: str = "prompt"
+    grammar_param: str = "grammar"  # the field the core request's grammar was built from
     n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
     tool_mode: str | None = None  # "auto" / "forced": tool calls are read from the text
     created: int = field(default_factory=lambda: int(time.time()))
@@ -173,20 +174,10 @@ class Job:
             "usage": usage_dict(total_usage([r[2] for r in results])),
         }
 
-    def generates(self) -> list[p.Generate]:
-        """The core requests: the one Generate, or n with their own ids (and seeds, so the
-        choices differ yet stay reproducible)."""
-        if self.n == 1:
-            return [self.generate]
-        seed = self.generate.seed
-        return [
-            msgspec.structs.replace(
-                self.generate,
-                id=f"{self.id}-{i}",
-                seed=None if seed is None else (seed + i) % (1 << 32),
-            )
-            for i in range(self.n)
-        ]
+    def group(self) -> p.Generate:
+        """The core request for n > 1: one frame, n sequences (ids ``<id>-<i>``, seeds
+        ``seed + i``, so the choices differ yet stay reproducible), admitted all or none."""
+        return msgspec.structs.replace(self.generate, n=self.n)
 
 
 # a core request's end: text, finish reason, usage, log-probabilities (None unless asked)

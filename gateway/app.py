@@ -49,6 +49,8 @@ class Settings:
     affinity_chars: int = 512
     balance_slack: int = 4
     health_interval: float = 2.0
+    liveness_timeout: float = 5.0  # a core not answering health within this is hung
+    first_event_timeout: float = 60.0  # a stream's wait for its first event (0: none)
     vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
 
 
@@ -100,6 +102,7 @@ def _lifespan(
             affinity_chars=settings.affinity_chars,
             balance_slack=settings.balance_slack,
             health_interval=settings.health_interval,
+            liveness_timeout=settings.liveness_timeout,
             routed=metrics.routed,
         )
         app.state.pool = pool  # the routes' view of the cores (gateway/router.py)

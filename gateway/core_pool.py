@@ -141,6 +141,17 @@ class CorePool:
                 if got_any or attempt == 1 or exc.code != p.E_IO or not client.closed:
                     raise
 
+    async def stream_group(self, request: p.Generate) -> AsyncIterator[tuple[int, p.Event]]:
+        """A request with ``n`` > 1: its sequences' events, tagged with their index (on one
+        connection: the core admits the n together)."""
+        client = await self.client()
+        try:
+            async with aclosing(client.stream_group(request)) as events:
+                async for item in events:
+                    yield item
+        except ConnectionError as lost:  # a write to a core that went away
+            raise CoreError(p.E_IO, f"connection to the core lost ({lost})") from None
+
     async def close(self) -> None:
         if self._info_refresh is not None:
             self._info_refresh.cancel()

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from uma_serve.clients.client import CoreError
+from uma_serve.clients.client import E_TOO_BIG, CoreError
 from uma_serve.core import protocol as p
 
 RETRY_AFTER_S = 1
@@ -90,6 +90,8 @@ def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
     if code == p.E_PROTO and "'grammar'" in msg:  # a completion's own, or built from these
         param = "grammar" if prompt_param == "prompt" else "response_format"
         return ApiError(400, msg, param=param, code="invalid_value")
+    if code == E_TOO_BIG:  # the client library refused to send it (clients/client.py)
+        return ApiError(400, msg, param=prompt_param, code="request_too_large")
     if code in (p.E_PROTO, p.E_DUP_ID):
         return ApiError(400, msg, code="invalid_request")
     if code == p.E_BUSY:

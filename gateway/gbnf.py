@@ -17,6 +17,10 @@ from typing import Any
 from uma_serve.gateway.errors import ApiError, bad_request
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+# a schema's grammar grows with the square of its nesting (arrays 400 deep: 1.2 MB), and the
+# converter recurses once per level: both are bounded, a 400 naming the field
+MAX_SCHEMA_DEPTH = 64  # nested JSON objects and arrays in one schema
+MAX_GRAMMAR_BYTES = 512 * 1024  # a converted grammar's size
 MAX_PARALLEL_CALLS = 4  # calls one forced answer may hold (parallel_tool_calls)
 # any JSON object; whitespace kept to one optional space so a model cannot run away in it
 JSON_OBJECT = r"""root ::= object
@@ -46,8 +50,26 @@ def _converter_module() -> ModuleType:
     return module
 
 
+def _depth(value: Any) -> int:
+    """How deeply JSON objects and arrays nest in ``value`` (iterative: any depth is safe)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, level = todo.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            children = node.values() if isinstance(node, dict) else node
+            todo.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def _convert(schema: Any, root: str, param: str) -> Any:
     """A SchemaConverter that has visited ``schema`` as rule ``root``."""
+    if (depth := _depth(schema)) > MAX_SCHEMA_DEPTH:
+        raise bad_request(
+            f"the JSON schema nests {depth} levels deep, over the limit of {MAX_SCHEMA_DEPTH}",
+            param,
+            "invalid_value",
+        )
     mod = _converter_module()
     conv = mod.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
@@ -88,15 +110,19 @@ def _hoisted(schema: Any, prefix: str, defs: dict[str, Any]) -> Any:
     return rewrite(schema)
 
 
-def _format(conv: Any) -> str:
+def _format(conv: Any, param: str) -> str:
     """The grammar's text; JSON strings may not hold raw control characters (the converter's
-    ``char`` allows them, and JSON parsers refuse them)."""
-    return conv.format_grammar().replace(_CHAR, _JSON_CHAR)
+    ``char`` allows them, and JSON parsers refuse them). Over MAX_GRAMMAR_BYTES: a 400."""
+    text = conv.format_grammar().replace(_CHAR, _JSON_CHAR)
+    if (size := len(text.encode())) > MAX_GRAMMAR_BYTES:
+        message = f"the JSON schema makes a grammar of {size} bytes, over the limit of "
+        raise bad_request(f"{message}{MAX_GRAMMAR_BYTES}", param, "invalid_value")
+    return text
 
 
 def json_schema_grammar(schema: Any, param: str = "response_format") -> str:
     """GBNF whose language is the JSON documents ``schema`` accepts (as llama.cpp converts)."""
-    return _format(_convert(schema, "", param))
+    return _format(_convert(schema, "", param), param)
 
 
 def call_schema(function: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +161,7 @@ def tool_call_grammar(
         conv._add_rule("root", f"{calls} | {text}")
     else:
         conv._add_rule("root", calls)
-    return _format(conv)
+    return _format(conv, "tools")
 
 
 def _not_starting_with(marker: str) -> str:

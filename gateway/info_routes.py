@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,8 +13,14 @@ from starlette.responses import JSONResponse, Response
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway import openai_schema as schema
-from uma_serve.gateway.errors import from_core_error
-from uma_serve.gateway.routes import check_json_body, check_model, core_info, read_body
+from uma_serve.gateway.errors import bad_request, from_core_error
+from uma_serve.gateway.routes import (
+    check_json_body,
+    check_model,
+    check_prompt_size,
+    core_info,
+    read_body,
+)
 from uma_serve.gateway.streaming import ClientGone
 
 
@@ -52,6 +60,18 @@ def _model_card(info: p.InfoEvent, request: Request) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def counted(request: Request) -> Iterator[None]:
+    """Hold one of ``--max-inflight``'s places (429 when none is free) while the core works:
+    a flood of large /tokenize calls must not slow every stream down unbounded."""
+    inflight = request.app.state.inflight
+    inflight.enter()
+    try:
+        yield
+    finally:
+        inflight.leave()
+
+
 async def _small_body(request: Request, kind: type) -> Any:
     settings = request.app.state.settings
     check_json_body(request)
@@ -71,11 +91,13 @@ async def tokenize(request: Request) -> Response:
     req = await _small_body(request, schema.TokenizeRequest)
     if req is None:
         return Response(status_code=499)
+    check_prompt_size(len(req.content.encode()), await core_info(request), "content")
     flags = {"add_special": req.add_special, "parse_special": req.parse_special}
     try:
-        ev = await request.app.state.pool.tokenize(
-            req.content, with_pieces=req.with_pieces, **flags
-        )
+        with counted(request):
+            ev = await request.app.state.pool.tokenize(
+                req.content, with_pieces=req.with_pieces, **flags
+            )
     except CoreError as exc:
         raise from_core_error(exc, "content") from None
     if ev.pieces is None:
@@ -89,8 +111,13 @@ async def detokenize(request: Request) -> Response:
     req = await _small_body(request, schema.DetokenizeRequest)
     if req is None:
         return Response(status_code=499)
+    limit = (await core_info(request)).max_prompt_bytes  # tokenize's bound, in tokens
+    if len(req.tokens) > limit:
+        message = f"{len(req.tokens)} tokens, over this server's limit of {limit}"
+        raise bad_request(message, "tokens", "invalid_value")
     try:
-        content = await request.app.state.pool.detokenize(req.tokens)
+        with counted(request):
+            content = await request.app.state.pool.detokenize(req.tokens)
     except CoreError as exc:
         err = from_core_error(exc, "tokens")
         if exc.code == p.E_PROTO:

@@ -10,6 +10,7 @@ import uvicorn
 
 from uma_serve.gateway.app import Settings, create_app
 from uma_serve.gateway.drain import STOP_MARGIN_S, GatewayServer
+from uma_serve.gateway.early_close import close_unread_body
 from uma_serve.gateway.http_limits import limited_protocol
 from uma_serve.gateway.tcp_cork import cork_response_head
 
@@ -66,8 +67,22 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
         "--health-interval",
         type=float,
         default=2.0,
-        help="with several cores: seconds between health checks of each core (a core that "
+        help="seconds between health checks of each core (with several cores, a core that "
         "fails leaves the rotation at once, and returns at the first check it passes)",
+    )
+    ap.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a core has to answer a health check; a core that does not is taken as "
+        "hung: its connections are closed and requests get 503 at once until it answers",
+    )
+    ap.add_argument(
+        "--first-event-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a streamed request waits for the core's first event (its first token, "
+        "queueing included); later: 503 core_timeout (0: no limit)",
     )
 
 
@@ -180,6 +195,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         affinity_chars=args.affinity_chars,
         balance_slack=args.balance_slack,
         health_interval=args.health_interval,
+        liveness_timeout=args.liveness_timeout,
+        first_event_timeout=args.first_event_timeout,
         vllm_metric_names=args.vllm_metric_names,
     )
 
@@ -192,11 +209,13 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--core-socket: a socket is given twice")
     if args.affinity_chars < 1 or args.balance_slack < 0 or args.health_interval <= 0:
         ap.error("--affinity-chars must be >= 1, --balance-slack >= 0, --health-interval > 0")
+    if args.liveness_timeout <= 0:
+        ap.error("--liveness-timeout must be > 0")
     app = create_app(settings)
     gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
     gc.freeze()
     config = uvicorn.Config(
-        cork_response_head(app),
+        close_unread_body(cork_response_head(app)),
         host=args.host,
         port=args.port,
         http=limited_protocol(args.max_header_bytes, args.header_timeout),

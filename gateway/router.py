@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
+from uma_serve.gateway import liveness
 from uma_serve.gateway.core_pool import CorePool
 from uma_serve.gateway.errors import E_CONNECT
 from uma_serve.gateway.prom import CoreSnapshot
@@ -125,6 +126,8 @@ class Core:
     up: bool = True  # until a health check or a request says otherwise
     inflight: int = 0  # requests of this gateway on it now
     why_down: str = field(default="", repr=False)
+    label: str = "core 0"  # its name in error messages (which, unlike name, clients see)
+    why_hung: str = ""  # why the liveness check holds it hung (gateway/liveness.py); "": alive
 
 
 class Router:
@@ -140,12 +143,16 @@ class Router:
         balance_slack: int = 4,
         health_interval: float = 2.0,
         routed: Any = None,
+        liveness_timeout: float = 5.0,
     ) -> None:
         if not sockets:
             raise ValueError("at least one core socket is needed")
         if len(set(sockets)) != len(sockets):
             raise ValueError("a core socket is given twice")
-        self.cores = [Core(s, CorePool(s, size=pool_size)) for s in sockets]
+        self.cores = [
+            Core(s, CorePool(s, size=pool_size), label=f"core {i}") for i, s in enumerate(sockets)
+        ]
+        self.liveness_timeout = liveness_timeout
         self.by_name = {c.name: c for c in self.cores}
         self.single = self.cores[0].pool if len(self.cores) == 1 else None
         self.routing = routing
@@ -185,13 +192,29 @@ class Router:
     def stream(self, gen: p.Generate) -> AsyncIterator[p.Event]:
         """The request's events from the core chosen for it (see the module's docstring)."""
         if self.single is not None:
+            if self.cores[0].why_hung:
+                return liveness.refused(liveness.hung_error(self.cores[0]))
             return self.single.stream(gen)
         return self._stream(gen)
+
+    def stream_group(self, gen: p.Generate) -> AsyncIterator[tuple[int, p.Event]]:
+        """A request with ``n`` > 1 on one core: the first of its ranking not hung (a group
+        is not moved to another core)."""
+        cores = [c for c in self.order(gen)[0] if not c.why_hung] if self.single is None else []
+        core = cores[0] if cores else self.cores[0]
+        if core.why_hung:
+            return liveness.refused(liveness.hung_error(core))
+        note = NOTE.get()
+        if note is not None:
+            note.core = core.name
+        return core.pool.stream_group(gen)
 
     async def _stream(self, gen: p.Generate) -> AsyncIterator[p.Event]:
         note = NOTE.get()
         cores, reason = self.order(gen)
-        last: CoreError | None = None
+        hung = [c for c in cores if c.why_hung]
+        cores = [c for c in cores if not c.why_hung]  # not tried: it would hold the request
+        last: CoreError | None = liveness.hung_error(hung[0]) if hung else None
         for attempt, core in enumerate(cores):
             if note is not None:
                 note.core = core.name
@@ -255,11 +278,12 @@ class Router:
     async def warm(self) -> None:
         """Open the connections at start-up; with several cores, then watch their health."""
         await asyncio.gather(*(c.pool.warm() for c in self.cores))
-        if self.single is not None:
-            return
         while True:
             try:
-                await self.healths()
+                timeout = self.liveness_timeout
+                await asyncio.gather(*(liveness.check(c, timeout) for c in self.cores))
+                if self.single is None:
+                    await self.healths()
             except Exception as exc:  # noqa: BLE001 (the checks must go on)
                 log.warning("core health check failed: %s: %s", type(exc).__name__, exc)
             await asyncio.sleep(self.health_interval)

@@ -23,6 +23,7 @@ from uma_serve.core import protocol as p
 from uma_serve.gateway import choices, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
+from uma_serve.gateway.frame_limit import check_frame
 from uma_serve.gateway.router import note_session
 from uma_serve.gateway.streaming import (
     ClientGone,
@@ -31,7 +32,7 @@ from uma_serve.gateway.streaming import (
     sse_response,
     tagged,
 )
-from uma_serve.gateway.tool_prompt import grammar_of
+from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of
 
 QOS_HEADER = "x-uma-qos"
 # Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
@@ -250,6 +251,7 @@ async def _generate(request: Request, kind: type) -> Response:
         else:
             job = _chat_job(request, req, info, model, qos)
         job.n = req.n or 1
+        check_frame(job.generate, job.n, info.max_frame_bytes, job.grammar_param, job.prompt_param)
         if req.stream:
             response = await _start_stream(request, job, release, stop)
             handed_off = True
@@ -302,6 +304,7 @@ def _chat_job(
         **sampling(req),
     )
     job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
+    job.grammar_param = grammar_param_of(req)
     job.tool_mode = req.tool_mode
     return job
 
@@ -331,16 +334,12 @@ def _core_api_error(exc: CoreError, job: Job) -> ApiError:
 async def _start_stream(request: Request, job: Job, on_close: Any, stop: Any = None) -> Response:
     """Wait for the first core event (honest TTFT), then hand the rest to the SSE response."""
     pool = request.app.state.pool
-    gens = job.generates()
-    events = (
-        choices.merged([pool.stream(g) for g in gens])
-        if job.n > 1
-        else tagged(pool.stream(gens[0]))
-    )
+    events = choices.merged(pool, job) if job.n > 1 else tagged(pool.stream(job.generate))
     sent = time.perf_counter()
     asyncio.get_running_loop().call_soon(job.prepare)  # runs once the request is on its way
     try:
-        first = await first_event(request, events, stop)
+        timeout = request.app.state.settings.first_event_timeout
+        first = await first_event(request, events, stop, timeout)
     except CoreError as exc:
         await events.aclose()
         raise _core_api_error(exc, job) from None

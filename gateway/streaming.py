@@ -82,20 +82,49 @@ async def race_disconnect(request: Request, work: Awaitable[T], stop: Stop | Non
             stop.waiting = None
 
 
+class Deadline:
+    """Cancels ``task`` after ``seconds`` (0: never): a stream's wait for its first event."""
+
+    def __init__(self, task: asyncio.Task, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(seconds, self._expire, task) if seconds > 0 else None
+
+    def _expire(self, task: asyncio.Task) -> None:
+        self.expired = True
+        task.cancel()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def error(self) -> ApiError:
+        return ApiError(
+            503,
+            f"the inference core sent nothing within {self.seconds:g} s (--first-event-timeout)",
+            type="server_error",
+            code="core_timeout",
+            headers={"Retry-After": "1"},
+        )
+
+
 async def first_event(
-    request: Request, events: AsyncIterator[p.Event], stop: Stop | None = None
+    request: Request, events: AsyncIterator[p.Event], stop: Stop | None = None, timeout: float = 0
 ) -> p.Event:
     """The stream's first event, awaited on this task itself (the TTFT path: no wrapper task,
     no asyncio.wait). A watcher cancels this task if the client disconnects first, which
     becomes ClientGone; it starts ``WATCH_AFTER_S`` later, while the core works, so creating
     it is not on the path of a request to the core. A ``stop`` (the gateway shutting down)
-    cancels it too: a 503 ``shutting_down``."""
+    cancels it too: a 503 ``shutting_down``; so does ``--first-event-timeout``: a 503
+    ``core_timeout``."""
     task = asyncio.current_task()
     assert task is not None
     if stop is not None:
         stop.waiting = task
     gone = False
     watcher: asyncio.Task | None = None
+    deadline = Deadline(task, timeout)
 
     async def watch() -> None:
         nonlocal gone
@@ -117,11 +146,15 @@ async def first_event(
         if stop is not None and stop.stopped:
             task.uncancel()
             raise shutting_down_error("no token was ready in time") from None
+        if deadline.expired:
+            task.uncancel()
+            raise deadline.error() from None
         raise
     finally:
         if stop is not None:
             stop.waiting = None
         timer.cancel()
+        deadline.cancel()
         if watcher is not None:
             watcher.cancel()
 
@@ -223,7 +256,8 @@ def sse_response(
     """The stream of ``job.n`` choices, starting from an already received first event: per
     choice the role (chat) and its first text in one write, one chunk per token, the finish
     reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended.
-    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``."""
+    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``, as does
+    any error (the core gone, its drain timed out)."""
     cleanup = _close_once(events, on_close)
     halt = stop if stop is not None else Stop()
     body = _sse_body(job, first, events, halt, cleanup)
@@ -269,8 +303,9 @@ async def _sse_body(
                     text = job.echo + ev.text
                     yield job.role_event(i) + job.content_event(text, i, ev.logprobs)
             elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                if err := end_error(job, ev):
+                if err := end_error(job, ev):  # e.g. the core's drain timed out
                     yield json.dumps(err.body())
+                    yield "[DONE]"
                     return
                 for chunk in _choice_end(job, i, ev, started[i], usages):
                     yield chunk
@@ -291,11 +326,13 @@ async def _sse_body(
                 halt.waiting = None
         else:
             yield json.dumps(ApiError(500, "the core ended the stream early").body())
+            yield "[DONE]"
             return
         yield json.dumps(shutting_down_error("the stream was cut short").body())
         yield "[DONE]"
-    except CoreError as exc:
+    except CoreError as exc:  # e.g. the core died: every stream still ends with [DONE]
         yield json.dumps(from_core_error(exc, job.prompt_param).body())
+        yield "[DONE]"
     finally:
         await cleanup()
 

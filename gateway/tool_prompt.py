@@ -71,6 +71,16 @@ def grammar_of(req: ChatRequest) -> str | None:
     return gbnf.json_schema_grammar(fmt.json_schema.schema, "response_format.json_schema.schema")
 
 
+def grammar_param_of(req: ChatRequest) -> str:
+    """The field grammar_of builds the grammar from, to name it in an error."""
+    fmt = req.response_format
+    if req.tool_mode == "forced" or (
+        req.tool_mode == "auto" and (fmt is None or fmt.type == "text")
+    ):
+        return "tools"
+    return "response_format"
+
+
 def _builtin(obj: msgspec.Struct) -> dict[str, Any]:
     """A Struct as plain JSON data, unset (None) fields left out, at any depth."""
     data = msgspec.to_builtins(obj)

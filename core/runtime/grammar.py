@@ -22,6 +22,7 @@ import math
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime.grammar_limits import shape_error
 from uma_serve.core.runtime.params import SamplingParams
 
 BANDS = (4.0, 8.0, 12.0, 16.0, 24.0)  # logits below the row's peak, checked band by band
@@ -37,7 +38,11 @@ class GrammarError(ValueError):
 
 
 def parse_grammar(vocab: ll.llama_vocab_p, text: str) -> ll.llama_sampler_p:
-    """A llama.cpp grammar sampler for ``text`` (root rule ``root``), or GrammarError."""
+    """A llama.cpp grammar sampler for ``text`` (root rule ``root``), or GrammarError (also
+    for a grammar too deep for llama.cpp's recursive parser: core/runtime/grammar_limits.py)."""
+    problem = shape_error(text)
+    if problem is not None:
+        raise GrammarError(problem)
     sampler = ll.llama_sampler_init_grammar(vocab, text.encode(), b"root")
     if not sampler:
         raise GrammarError("the grammar does not parse as GBNF with a 'root' rule")
