@@ -295,6 +295,14 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
             "The body must be a JSON object.",
             code="invalid_json",
         ) from None
+    except UnicodeDecodeError as exc:  # msgspec's, for a string with bytes that are not UTF-8
+        at = body.find(exc.object) + exc.start
+        raise ApiError(
+            400,
+            f"The request body is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {at}). JSON text must be UTF-8.",
+            code="invalid_request",
+        ) from None
     req.check()
     return req
 
