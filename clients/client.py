@@ -19,6 +19,8 @@ from uma_serve.core import protocol as p
 
 DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")
 _FINAL = (p.EosEvent, p.CompletionEvent, p.ErrorEvent)
+# the client's own code (not the core's): a frame from the core that does not decode
+E_BAD_REPLY = "E_BAD_REPLY"
 
 
 class CoreError(Exception):
@@ -63,7 +65,7 @@ class AsyncUmaClient:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except Exception as exc:  # a frame we cannot decode: the stream is unusable
-            reason = CoreError(p.E_PROTO, f"undecodable event from the core: {exc}")
+            reason = CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}")
         finally:
             self.closed = True
             for queue in self._queues.values():

@@ -77,6 +77,10 @@ def create_app(settings: Settings) -> Starlette:
             Exception: unhandled_handler,
         },
     )
+    # Starlette's own trailing-slash redirect builds an absolute URL from the Host header;
+    # errors.http_exception_handler redirects with a relative one instead
+    app.router.redirect_slashes = False
+    app.state.known_paths = KNOWN_PATHS
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.inflight = Inflight(settings.max_inflight, metrics.inflight)
