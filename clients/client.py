@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from uma_serve.core import protocol as p
+from uma_serve.core.socket_path import check_peer, default_socket
 
-DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")
+# umad's default (core/socket_path.py); a socket served by another user is refused
+DEFAULT_SOCKET = os.environ.get("UMA_SOCKET") or default_socket()
 _FINAL = (p.EosEvent, p.CompletionEvent, p.ErrorEvent)
 # the client's own code (not the core's): a frame from the core that does not decode
 E_BAD_REPLY = "E_BAD_REPLY"
@@ -50,6 +52,11 @@ class AsyncUmaClient:
     @classmethod
     async def connect(cls, path: str = DEFAULT_SOCKET) -> AsyncUmaClient:
         reader, writer = await asyncio.open_unix_connection(path, limit=p.DEFAULT_MAX_FRAME)
+        try:
+            check_peer(writer.get_extra_info("socket"), path)  # before anything is sent
+        except OSError:
+            writer.close()
+            raise
         return cls(reader, writer)
 
     async def _read_loop(self) -> None:
@@ -163,7 +170,12 @@ class UmaClient:
     def __init__(self, path: str = DEFAULT_SOCKET, timeout: float | None = None) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
-        self._sock.connect(path)
+        try:
+            self._sock.connect(path)
+            check_peer(self._sock, path)  # before anything is sent
+        except OSError:
+            self._sock.close()
+            raise
 
     def __enter__(self) -> UmaClient:
         return self

@@ -19,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
+from uma_serve.clients.client import DEFAULT_SOCKET
 from uma_serve.gateway import info_routes, routes
 from uma_serve.gateway.auth import AuthMiddleware
 from uma_serve.gateway.drain import Drain
@@ -36,7 +37,7 @@ from uma_serve.gateway.routes import Inflight
 
 @dataclass
 class Settings:
-    core_sockets: list[str] = field(default_factory=lambda: ["/tmp/uma.sock"])
+    core_sockets: list[str] = field(default_factory=lambda: [DEFAULT_SOCKET])
     api_keys: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)
     max_inflight: int = 64
