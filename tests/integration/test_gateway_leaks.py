@@ -4,6 +4,7 @@ malformed reply from the core is the gateway's 502, not the client's 400."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -113,3 +114,27 @@ def test_a_malformed_core_reply_is_a_502(garbling_core, fresh_tmp):
         assert "bad reply from the core" in gw.log() and "Traceback" not in gw.log()
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+        b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n",  # TLS spoken to plain HTTP
+    ],
+)
+def test_a_request_that_does_not_parse_is_an_openai_400(gateway, head):
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(head)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 400 "), answer
+    head_part, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head_part.lower()
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == "invalid_http_request"
