@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     except CoreError as exc:
         print(f"uma-cli: {exc}", file=sys.stderr)
         code = EXIT_PROTOCOL if exc.code.startswith(("E_PROTO", "E_TEMPLATE")) else EXIT_SERVER
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
+    except (FileNotFoundError, ConnectionRefusedError, PermissionError) as exc:
         print(f"uma-cli: cannot reach the daemon at {args.socket}: {exc}", file=sys.stderr)
         code = EXIT_SERVER
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

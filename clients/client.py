@@ -16,12 +16,16 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from uma_serve.core import protocol as p
+from uma_serve.core.socket_path import check_peer, default_socket
 
-DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")
+# umad's default (core/socket_path.py); a socket served by another user is refused
+DEFAULT_SOCKET = os.environ.get("UMA_SOCKET") or default_socket()
 _FINAL = (p.EosEvent, p.CompletionEvent, p.ErrorEvent)
 # a request too big for the core's --max-frame-bytes, refused here and never sent: the core
 # would close the connection, ending every other request multiplexed on it
 E_TOO_BIG = "E_CLIENT_001"
+# the client's own code (not the core's): a frame from the core that does not decode
+E_BAD_REPLY = "E_BAD_REPLY"
 
 
 class CoreError(Exception):
@@ -53,6 +57,11 @@ class AsyncUmaClient:
     async def connect(cls, path: str = DEFAULT_SOCKET) -> AsyncUmaClient:
         """A connection that knows the core's frame limit (one ``info`` round trip)."""
         reader, writer = await asyncio.open_unix_connection(path, limit=p.DEFAULT_MAX_FRAME)
+        try:
+            check_peer(writer.get_extra_info("socket"), path)  # before anything is sent
+        except OSError:
+            writer.close()
+            raise
         client = cls(reader, writer)
         try:
             await client.info()
@@ -76,7 +85,7 @@ class AsyncUmaClient:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except Exception as exc:  # a frame we cannot decode: the stream is unusable
-            reason = CoreError(p.E_PROTO, f"undecodable event from the core: {exc}")
+            reason = CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}")
         finally:
             self.closed = True
             for queue in self._queues.values():
@@ -216,7 +225,12 @@ class UmaClient:
     def __init__(self, path: str = DEFAULT_SOCKET, timeout: float | None = None) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
-        self._sock.connect(path)
+        try:
+            self._sock.connect(path)
+            check_peer(self._sock, path)  # before anything is sent
+        except OSError:
+            self._sock.close()
+            raise
 
     def __enter__(self) -> UmaClient:
         return self

@@ -74,14 +74,33 @@ class ChatTemplate:
         self._bos, self._eos = bos_token, eos_token
 
     def render_parts(self, messages: list[tuple[str, str]]) -> list[Part]:
-        """The prompt as the template's markup and the messages' contents, in order: the
-        template is rendered with a placeholder for each content, then each placeholder is
-        replaced by its content (trimmed on the sides the template trimmed)."""
+        """The prompt as the template's markup and the messages' contents, in order.
+
+        Nothing is dropped silently: a system-only chat, which a template that folds the
+        system text into the first user turn (Gemma's) has no place for, is rendered as the
+        user's turn (as llama.cpp's templates do for a model without a system role); any
+        other content the template leaves out is a ChatTemplateError."""
+        parts, missing = self._parts(messages)
+        if missing and all(role == "system" for role, _ in messages):
+            parts, missing = self._parts([("user", content) for _, content in messages])
+        if missing:
+            role = messages[missing[0]][0]
+            raise ChatTemplateError(
+                f"the chat template leaves out the content of a {role!r} message"
+            )
+        return parts
+
+    def _parts(self, messages: list[tuple[str, str]]) -> tuple[list[Part], list[int]]:
+        """The parts, and the messages whose content does not appear in them: the template
+        is rendered with a placeholder for each content, then each placeholder is replaced
+        by its content (trimmed on the sides the template trimmed)."""
         marked = self.render([(role, f" \x00{i}\x00 ") for i, (role, _) in enumerate(messages)])
         parts: list[Part] = []
+        seen: set[int] = set()
         pos = 0
         for m in _MARK.finditer(marked):
-            content = messages[int(m.group(2))][1]
+            seen.add(index := int(m.group(2)))
+            content = messages[index][1]
             if not m.group(1):
                 content = content.lstrip()
             if not m.group(3):
@@ -89,7 +108,8 @@ class ChatTemplate:
             parts += [(marked[pos : m.start()], True), (content, False)]
             pos = m.end()
         parts.append((marked[pos:], True))
-        return [(text, markup) for text, markup in parts if text]
+        missing = [i for i in range(len(messages)) if i not in seen]
+        return [(text, markup) for text, markup in parts if text], missing
 
     def render(self, messages: list[tuple[str, str]]) -> str:
         try:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
+from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC, default_socket
 
 log = logging.getLogger("uma.config")
 
@@ -47,7 +48,7 @@ DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the ho
 @dataclass(frozen=True)
 class Config:
     model: str | None = None
-    socket: str = "/tmp/uma.sock"
+    socket: str = default_socket()  # this user's (core/socket_path.py)
     n_seq: int = 4
     n_ctx: int = 8192
     n_batch: int = 512
@@ -328,6 +329,6 @@ def options_table() -> str:
     ]
     for name, (help_text, yaml_key) in OPTIONS.items():
         flag = "--" + name.replace("_", "-")
-        default = getattr(Config, name)
+        default = DEFAULT_SOCKET_DOC if name == "socket" else getattr(Config, name)
         rows.append(f"| `{flag}` | `{env_name(name)}` | `{yaml_key}` | `{default}` | {help_text} |")
     return "\n".join(rows)

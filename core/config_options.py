@@ -11,7 +11,12 @@ DETERMINISTIC_BATCH = 63
 # name -> (help, YAML key or None)
 OPTIONS: dict[str, tuple[str, str | None]] = {
     "model": ("GGUF model path (default: the embedded Gemma 3 270M Q4_K_M)", "model"),
-    "socket": ("Unix socket path the daemon listens on (mode 0600)", "ipc.uds_path"),
+    "socket": (
+        "Unix socket path the daemon listens on (mode 0600). The default is in a directory "
+        "only this user can write, created with mode 0700: $XDG_RUNTIME_DIR/uma/ (without "
+        "XDG_RUNTIME_DIR: /run/uma/ for root, /tmp/uma-UID/ for others)",
+        "ipc.uds_path",
+    ),
     "n_seq": ("sequences decoded in parallel, like llama-server's --parallel", "n_seq"),
     "n_ctx": ("total KV cache size in tokens, shared by all sequences", "n_ctx"),
     "n_batch": ("logical batch: tokens per llama_decode at most", "n_batch"),

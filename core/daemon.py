@@ -24,7 +24,12 @@ from uma_serve.core.policy import Constraints, ModelFacts
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
-from uma_serve.core.socket_path import SocketPathError, claim_socket_path
+from uma_serve.core.socket_path import (
+    SocketPathError,
+    claim_socket_path,
+    default_socket,
+    make_private_dir,
+)
 
 log = logging.getLogger("uma.daemon")
 T = TypeVar("T")
@@ -209,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        if config.socket == default_socket():
+            make_private_dir(config.socket)
         claim_socket_path(config.socket)  # before the model loads: a bad path fails fast
         asyncio.run(serve(config))
     except (FileNotFoundError, RuntimeError, SocketPathError) as exc:

@@ -43,6 +43,7 @@ class Connection:
     id: int = field(default_factory=lambda: next(_conn_ids))
     inflight: set[str] = field(default_factory=set)
     overflowed: bool = False
+    abort_timer: asyncio.TimerHandle | None = None  # an overflowed one's deadline to close
 
     def send(self, event: p.Event) -> None:
         self.write(p.encode(event))
@@ -131,7 +132,9 @@ class CoreServer:
             self._check_drained()
         conn.writer.close()  # stops reading now; closes once the client has read the rest
         assert self._loop is not None
-        self._loop.call_later(CLOSE_GRACE_S, conn.writer.transport.abort)
+        # cancelled once the connection is gone (_handle): aborting a transport that has
+        # closed after writing its buffer raises in the loop (asyncio's _force_close)
+        conn.abort_timer = self._loop.call_later(CLOSE_GRACE_S, conn.writer.transport.abort)
 
     # ---- clients -> engine ----
 
@@ -168,6 +171,8 @@ class CoreServer:
             writer.close()
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await writer.wait_closed()
+        if conn.abort_timer is not None:
+            conn.abort_timer.cancel()
 
     async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> None:
         idle = self.config.idle_timeout

@@ -19,6 +19,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
+from uma_serve.clients.client import DEFAULT_SOCKET
 from uma_serve.gateway import info_routes, routes
 from uma_serve.gateway.auth import AuthMiddleware
 from uma_serve.gateway.drain import Drain
@@ -36,7 +37,7 @@ from uma_serve.gateway.routes import Inflight
 
 @dataclass
 class Settings:
-    core_sockets: list[str] = field(default_factory=lambda: ["/tmp/uma.sock"])
+    core_sockets: list[str] = field(default_factory=lambda: [DEFAULT_SOCKET])
     api_keys: list[str] = field(default_factory=list)
     cors_origins: list[str] = field(default_factory=list)
     max_inflight: int = 64
@@ -79,6 +80,10 @@ def create_app(settings: Settings) -> Starlette:
             Exception: unhandled_handler,
         },
     )
+    # Starlette's own trailing-slash redirect builds an absolute URL from the Host header;
+    # errors.http_exception_handler redirects with a relative one instead
+    app.router.redirect_slashes = False
+    app.state.known_paths = KNOWN_PATHS
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.inflight = Inflight(settings.max_inflight, metrics.inflight)

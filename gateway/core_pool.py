@@ -43,6 +43,7 @@ class CorePool:
         self._info: p.InfoEvent | None = None
         self._info_at = 0.0
         self._info_refresh: asyncio.Task | None = None
+        self._down = False  # the last connect failed (logged once until one succeeds)
 
     async def client(self) -> AsyncUmaClient:
         """A live connection (round robin), reconnecting its slot if it closed."""
@@ -59,10 +60,20 @@ class CorePool:
                     AsyncUmaClient.connect(self.socket_path), self.connect_timeout
                 )
             except (OSError, TimeoutError) as exc:
-                raise CoreError(E_CONNECT, f"cannot connect to {self.socket_path}: {exc}") from None
+                raise self._unreachable(exc) from None
             self._slots[i] = fresh
+            self._down = False
             self._info = None  # the core may have restarted with another model
             return fresh
+
+    def _unreachable(self, exc: OSError | TimeoutError) -> CoreError:
+        """The client's error names no path (the socket's is the operator's business: it
+        goes to the log, once per outage)."""
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        if not self._down:
+            self._down = True
+            log.warning("cannot connect to the core at %s: %s", self.socket_path, reason)
+        return CoreError(E_CONNECT, f"cannot connect to the core: {reason}")
 
     async def warm(self) -> None:
         """Open every connection and fetch the info at start-up, so the first requests do not

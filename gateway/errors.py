@@ -6,15 +6,19 @@ with the HTTP status the OpenAI SDK turns into its matching exception class.
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from uma_serve.clients.client import E_TOO_BIG, CoreError
+from uma_serve.clients.client import E_BAD_REPLY, E_TOO_BIG, CoreError
 from uma_serve.core import protocol as p
 
 RETRY_AFTER_S = 1
 E_CONNECT = "E_CONNECT"  # the gateway could not reach the core socket at all
+log = logging.getLogger("uma.gateway")
 
 
 class ApiError(Exception):
@@ -102,6 +106,10 @@ def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
         return err
     if code in (p.E_IO, p.E_FRAME, p.E_IDLE, E_CONNECT):
         return core_unavailable(msg)
+    if code == E_BAD_REPLY:  # the core's fault, not the client's: details to the log
+        log.error("bad reply from the core: %s", msg)
+        return ApiError(502, "the core sent a reply the gateway cannot read", type="server_error",
+                        code="bad_core_reply")  # fmt: skip
     return ApiError(500, msg, type="server_error", code=code)
 
 
@@ -113,6 +121,8 @@ async def api_error_handler(request: Request, exc: Exception) -> Response:
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 and friends, in OpenAI's shape."""
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 404 and (moved := _without_slash(request)):
+        return Response(status_code=307, headers={"Location": moved})
     if exc.status_code == 404:
         msg = f"unknown route {request.method} {request.url.path}"
         return ApiError(404, msg, code="not_found").response()
@@ -122,7 +132,34 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     return ApiError(exc.status_code, str(exc.detail)).response()
 
 
+def _without_slash(request: Request) -> str | None:
+    """For a known route asked with a trailing slash: where it is, as a relative reference
+    (only ever one of the app's own paths: never another host's)."""
+    path = request.url.path
+    if not path.endswith("/") or (bare := path.rstrip("/")) not in request.app.state.known_paths:
+        return None
+    query = request.url.query
+    return f"{bare}?{query}" if query else bare
+
+
 async def unhandled_handler(request: Request, exc: Exception) -> Response:
-    """Last resort: a bug in the gateway is a 500 error object, not a dropped connection."""
-    msg = f"internal gateway error: {type(exc).__name__}: {exc}"
-    return ApiError(500, msg, type="server_error", code="internal_error").response()
+    """Last resort: a bug in the gateway is a 500 error object, not a dropped connection.
+    The client gets the request id only; the log line names it before the traceback that
+    uvicorn logs (Starlette re-raises the exception after this answer)."""
+    rid = request_id_of(request)
+    log.error("internal error on %s %s, request id %s: %s", request.method,
+              request.url.path, rid, type(exc).__name__)  # fmt: skip
+    msg = f"internal gateway error (request id {rid}): the gateway's log has the details"
+    err = ApiError(500, msg, type="server_error", code="internal_error")
+    err.headers["X-Request-Id"] = rid
+    return err.response()
+
+
+def request_id_of(request: Request) -> str:
+    """The id the route gave the request, else the caller's X-Request-Id, else a fresh one
+    (as gateway/request_id.py puts on the answer)."""
+    rid = getattr(request.state, "request_id", None)
+    given = request.headers.get("x-request-id", "")
+    if not rid and given.isascii() and given.isprintable():
+        rid = given[:200]
+    return rid or f"req-{uuid.uuid4().hex}"

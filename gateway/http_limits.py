@@ -10,7 +10,8 @@ connection forever. ``limited_protocol`` subclasses it:
 - a head not complete ``header_timeout`` seconds after its first byte gets 408; a connection
   that sends nothing at all for that long is closed.
 
-Both answers are OpenAI error objects, written by hand (no ASGI request exists yet), with
+Both answers, and the 400 uvicorn gives a request that does not parse, are OpenAI error
+objects, written by hand (no ASGI request exists yet), with
 ``Connection: close``. The connection is half-closed and what the client still sends is read
 and dropped for a moment, so that a client still writing its head reads the answer instead
 of a reset. The body's own deadline (``--body-timeout``) is the app's (routes.read_body).
@@ -28,7 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("uma.gateway")
 LINGER_S = 2.0  # how long a refused connection's further input is read and dropped
-REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
 def raw_error(status: int, message: str, code: str) -> bytes:
@@ -83,6 +84,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         limit = self.max_header_bytes
         if limit > 0 and self._head_bytes is not None and self._head_bytes > limit:
             self._refuse_too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request httptools cannot parse, as an OpenAI error object."""
+        self.transport.write(raw_error(400, msg, "invalid_http_request"))
+        self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

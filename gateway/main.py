@@ -8,6 +8,7 @@ import os
 
 import uvicorn
 
+from uma_serve.clients.client import DEFAULT_SOCKET
 from uma_serve.gateway.app import Settings, create_app
 from uma_serve.gateway.drain import STOP_MARGIN_S, GatewayServer
 from uma_serve.gateway.early_close import close_unread_body
@@ -39,7 +40,8 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="a core's Unix socket; repeat it to put several cores (one umad each) behind "
-        "this gateway (env UMA_SOCKET, comma-separated; default /tmp/uma.sock)",
+        "this gateway (env UMA_SOCKET, comma-separated; default umad's: "
+        "$XDG_RUNTIME_DIR/uma/uma.sock, else /run/uma/uma.sock for root)",
     )
     ap.add_argument(
         "--routing",
@@ -180,7 +182,7 @@ def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     keys = args.api_key if args.api_key is not None else env_list("UMA_API_KEY")
-    sockets = args.core_socket or env_list("UMA_SOCKET") or ["/tmp/uma.sock"]
+    sockets = args.core_socket or env_list("UMA_SOCKET") or [DEFAULT_SOCKET]
     return Settings(
         core_sockets=sockets,
         api_keys=keys,

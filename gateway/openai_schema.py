@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from uma_serve.gateway.errors import ApiError, bad_request
+from uma_serve.gateway.nesting import check_depth, deep_param, too_deep
 from uma_serve.gateway.tool_prompt import check_tools, tool_messages
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
@@ -213,6 +214,12 @@ class ChatRequest(_Sampling, kw_only=True):
             raise bad_request("messages must not be empty", "messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        for i, tool in enumerate(self.tools or []):
+            check_depth(tool.function.parameters, f"tools[{i}].function.parameters")
+        if self.response_format is not None and self.response_format.json_schema is not None:
+            check_depth(
+                self.response_format.json_schema.schema, "response_format.json_schema.schema"
+            )
         check_tools(self)
 
     @property
@@ -294,6 +301,16 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
             f"We could not parse the JSON body of your request ({exc}). "
             "The body must be a JSON object.",
             code="invalid_json",
+        ) from None
+    except RecursionError:  # msgspec's, past about 1,000 levels (gateway/nesting.py)
+        raise too_deep(deep_param(body)) from None
+    except UnicodeDecodeError as exc:  # msgspec's, for a string with bytes that are not UTF-8
+        at = body.find(exc.object) + exc.start
+        raise ApiError(
+            400,
+            f"The request body is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {at}). JSON text must be UTF-8.",
+            code="invalid_request",
         ) from None
     req.check()
     return req

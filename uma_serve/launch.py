@@ -16,8 +16,10 @@ import sys
 import time
 
 from uma_serve.core.protocol import socket_answers
+from uma_serve.core.socket_path import default_socket
 
-DEFAULT_SOCKET = os.environ.get("UMA_SOCKET", "/tmp/uma.sock")  # umad's and uma-cli's default
+# umad's and uma-cli's default: umad creates its directory (mode 0700)
+DEFAULT_SOCKET = os.environ.get("UMA_SOCKET") or default_socket()
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:

@@ -74,6 +74,19 @@ def test_a_layout_the_template_refuses_is_a_400_naming_messages(sdk, model_id) -
     assert "chat template" in error["message"]
 
 
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_a_chat_of_one_system_message_reaches_the_model(sdk, model_id, role) -> None:
+    """Gemma's template folds the system text into the first user turn: with no user turn
+    it dropped it (4 prompt tokens); it is now the user's turn, as llama.cpp renders it for
+    templates without a system role."""
+    text = "Write one word about the sea."
+    alone = [{"role": role, "content": text}]
+    got = sdk.chat.completions.create(model=model_id, messages=alone, max_tokens=1)
+    as_user = [{"role": "user", "content": text}]
+    want = sdk.chat.completions.create(model=model_id, messages=as_user, max_tokens=1)
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens > 4
+
+
 PLAIN = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from uma_serve.core import protocol as p
+from uma_serve.core.server import CLOSE_GRACE_S
 
 from .helpers import (
     VENV_BIN,
@@ -152,6 +153,28 @@ def test_admin_flood_without_reading_is_bounded_then_closed(small_daemon) -> Non
     assert received < 8 << 20
     with small_daemon.client() as c:
         assert c.health().status == "ok"
+
+
+@pytest.mark.slow
+def test_a_closed_overflowed_connection_logs_nothing_after_the_grace(small_daemon) -> None:
+    """The close deadline of an E_IO_001 connection that the client read to its end is
+    cancelled: aborting the closed transport at the deadline logged a traceback."""
+    log_at = len(small_daemon.log())
+    s = raw_socket(small_daemon.socket, timeout=60)
+    s.sendall(p.encode(gen("Never read:", id="slow", max_tokens=1000, ignore_eos=True)))
+    s.sendall(b"".join(p.encode(p.MetricsRequest(id=f"m{i}")) for i in range(400)))
+    deadline = time.monotonic() + 120
+    while "cancelling its requests, closing it" not in small_daemon.log()[log_at:]:
+        assert time.monotonic() < deadline, "the daemon never hit the write-buffer bound"
+        time.sleep(0.1)
+    events = read_until_closed(s)  # everything queued, to the end: the transport closes
+    s.close()
+    assert [e.code for e in events if isinstance(e, p.ErrorEvent)] == [p.E_IO]
+    time.sleep(CLOSE_GRACE_S + 2)  # past the deadline the daemon set at the overflow
+    with small_daemon.client() as c:
+        assert c.health().status == "ok"
+    new_log = small_daemon.log()[log_at:]
+    assert "Traceback" not in new_log and "Exception in callback" not in new_log, new_log
 
 
 def test_sigterm_drain_timeout_cancels_with_detail(tmp_path) -> None:

@@ -72,3 +72,25 @@ def test_a_template_that_does_not_compile_is_a_chat_template_error() -> None:
 
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{% for %}")
+
+
+def test_a_system_only_chat_is_rendered_as_the_users_turn() -> None:
+    parts = GEMMA.render_parts([("system", "Say hi.")])
+    assert parts == [
+        ("<start_of_turn>user\n", True),
+        ("Say hi.", False),
+        ("<end_of_turn>\n<start_of_turn>model\n", True),
+    ]
+    plain = ChatTemplate("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}")
+    assert plain.render_parts([("system", "s")]) == [("[system]", True), ("s", False)]
+
+
+def test_content_the_template_leaves_out_is_an_error() -> None:
+    import pytest
+
+    users_only = ChatTemplate(
+        "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}"
+        "{% endfor %}"
+    )
+    with pytest.raises(ChatTemplateError, match="leaves out the content of a 'assistant'"):
+        users_only.render_parts([("user", "u"), ("assistant", "a"), ("user", "v")])
