@@ -28,6 +28,7 @@ from uma_serve.gateway.errors import (
     http_exception_handler,
     unhandled_handler,
 )
+from uma_serve.gateway.lenient import IgnoredFieldsHeader
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
 from uma_serve.gateway.request_id import RequestIdMiddleware
 from uma_serve.gateway.router import RouteMiddleware, Router, Routing
@@ -50,6 +51,7 @@ class Settings:
     balance_slack: int = 4
     health_interval: float = 2.0
     vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
+    strict_fields: bool = False  # unknown request fields are 400s (else ignored, listed)
 
 
 ROUTES = [
@@ -118,6 +120,7 @@ def _middleware(settings: Settings, metrics: GatewayMetrics) -> list[Middleware]
     middleware = [
         Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
         Middleware(RequestIdMiddleware),
+        Middleware(IgnoredFieldsHeader),
     ]
     if len(settings.core_sockets) > 1:
         middleware.append(Middleware(RouteMiddleware))

@@ -150,6 +150,12 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
         "dashboards made for vLLM (off by default: promtool's lint flags the colon)",
     )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
+    ap.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="refuse request fields this server does not define with a 400 (by default they "
+        "are ignored, logged once per name and listed in the X-UMA-Ignored-Fields header)",
+    )
 
 
 def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
@@ -181,6 +187,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         balance_slack=args.balance_slack,
         health_interval=args.health_interval,
         vllm_metric_names=args.vllm_metric_names,
+        strict_fields=args.strict_fields,
     )
 
 

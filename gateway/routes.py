@@ -11,6 +11,7 @@ While the gateway shuts down, new ones get 503 (gateway/drain.py).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import choices, openai_schema as schema
+from uma_serve.gateway import choices, lenient, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.router import note_session
@@ -201,7 +202,10 @@ def sampling(req: schema._Sampling) -> dict[str, Any]:
     }
     if req.top_p is not None:
         out["top_p"] = req.top_p
-    if req.seed is not None:
+    out.update(lenient.sampling_extras(req))
+    if req.seed == -1:  # llama.cpp's and vLLM's "random"
+        out["seed"] = secrets.randbits(32)
+    elif req.seed is not None:
         out["seed"] = req.seed % (1 << 32)
     if req.ignore_eos:
         out["ignore_eos"] = True
@@ -239,7 +243,7 @@ async def _generate(request: Request, kind: type) -> Response:
 
     handed_off = False
     try:
-        req = schema.decode(body, kind)
+        req, request.state.ignored_fields = lenient.decode(body, kind, settings.strict_fields)
         note_session(req.user)  # the affinity key with several cores (gateway/router.py)
         qos = qos_of(request, req)
         info = await core_info(request)
