@@ -52,6 +52,8 @@ class Settings:
     health_interval: float = 2.0
     vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
     strict_fields: bool = False  # unknown request fields are 400s (else ignored, listed)
+    served_model_names: list[str] = field(default_factory=list)  # aliases, the first the id
+    strict_model_name: bool = False  # only the model's names pass (else any, one model)
 
 
 ROUTES = [

@@ -188,18 +188,6 @@ def test_nul_byte_is_a_400_naming_the_field(sdk, model_id):
         assert "NUL" in str(err.value.message)
 
 
-def test_unknown_model(sdk):
-    with pytest.raises(openai.NotFoundError) as err:
-        sdk.completions.create(model="gpt-17", prompt="hi", max_tokens=4)
-    assert err.value.code == "model_not_found"
-    with pytest.raises(openai.NotFoundError):
-        sdk.chat.completions.create(
-            model="gpt-17", messages=[{"role": "user", "content": "hi"}], stream=True
-        )
-    with pytest.raises(openai.NotFoundError):
-        sdk.models.retrieve("gpt-17")
-
-
 def test_unknown_route(gateway, sdk):
     assert_error_object(httpx.get(f"{gateway.base_url}/engines"), 404)
     with pytest.raises(openai.NotFoundError):
