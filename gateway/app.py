@@ -19,7 +19,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from uma_serve.gateway import info_routes, routes
+from uma_serve.gateway import anthropic_api, info_routes, responses_api, routes
 from uma_serve.gateway.auth import AuthMiddleware
 from uma_serve.gateway.drain import Drain
 from uma_serve.gateway.errors import (
@@ -59,6 +59,8 @@ class Settings:
 ROUTES = [
     Route("/v1/completions", routes.completions, methods=["POST"]),
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+    Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+    Route("/v1/messages", anthropic_api.create_message, methods=["POST"]),
     Route("/v1/models", info_routes.list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", info_routes.get_model, methods=["GET"]),
     Route("/tokenize", info_routes.tokenize, methods=["POST"]),
