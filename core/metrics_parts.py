@@ -70,6 +70,9 @@ _E2E = ("uma_e2e_request_latency_seconds", "Time from arrival to the end of a re
 _QUEUE = ("uma_request_queue_time_seconds", "Time a request waited before its prefill.")
 _QOS_TTFT = ("uma_qos_time_to_first_token_seconds", "Time to the first token, by QoS class.")
 _QOS_ITL = ("uma_qos_inter_token_latency_seconds", "Inter-token gaps, by QoS class.")
+_PREFILL = ("uma_request_prefill_time_seconds", "Time from admission to the first token.")
+_DECODE = ("uma_request_decode_time_seconds", "Time from the first token to the last.")
+_MAX_GEN = ("uma_request_max_num_generation_tokens", "max_tokens of each finished request.")
 _PROMPT = ("uma_request_prompt_tokens", "Prompt tokens of each finished request.")
 _GENERATED = ("uma_request_generation_tokens", "Tokens generated for each finished request.")
 _NEW_H = msgspec.field(default_factory=Histogram)
@@ -82,6 +85,12 @@ class Histograms(msgspec.Struct):
     ] = _NEW_H
     e2e_ms: Annotated[Histogram, _h("arrival to final event", *_E2E)] = _NEW_H
     queue_ms: Annotated[Histogram, _h("arrival to the start of prefill", *_QUEUE)] = _NEW_H
+    prefill_ms: Annotated[
+        Histogram, _h("admission to the first token, per request that made one", *_PREFILL)
+    ] = _NEW_H
+    decode_ms: Annotated[
+        Histogram, _h("first token to the request's end, per request that made one", *_DECODE)
+    ] = _NEW_H
 
 
 class TokenHistograms(msgspec.Struct):
@@ -93,6 +102,9 @@ class TokenHistograms(msgspec.Struct):
     ] = _NEW_H
     generation_tokens: Annotated[
         Histogram, _h("tokens generated for each finished request", *_GENERATED, per_unit=1.0)
+    ] = _NEW_H
+    max_generation_tokens: Annotated[
+        Histogram, _h("max_tokens of each finished request", *_MAX_GEN, per_unit=1.0)
     ] = _NEW_H
 
 

@@ -148,13 +148,15 @@ class Job:
             return {"text": text, "index": index, "logprobs": block, "finish_reason": reason}
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self.tool_mode is not None:
+            # as the stream reads it: calls given out once complete, never markup as content
             parser = ToolCallParser(forced=self.tool_mode == "forced")
             deltas = parser.feed(text) + parser.finish()
-            if reason == "stop" and (calls := parser.complete_calls):
-                content = "".join(d.get("content", "") for d in deltas)
-                message["content"] = content or None
+            content = "".join(d.get("content", "") for d in deltas)
+            called = parser.calls or self.tool_mode == "forced"
+            message["content"] = (content or None) if called else content
+            if calls := parser.complete_calls:
                 message["tool_calls"] = [c.message_dict() for c in calls]
-                reason = "tool_calls"
+                reason = "tool_calls" if reason == "stop" else reason
         return {
             "index": index,
             "message": message,

@@ -20,7 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from uma_serve.clients.client import DEFAULT_SOCKET
-from uma_serve.gateway import info_routes, routes
+from uma_serve.gateway import anthropic_api, info_routes, responses_api, routes
 from uma_serve.gateway.auth import AuthMiddleware
 from uma_serve.gateway.drain import Drain
 from uma_serve.gateway.errors import (
@@ -29,6 +29,7 @@ from uma_serve.gateway.errors import (
     http_exception_handler,
     unhandled_handler,
 )
+from uma_serve.gateway.lenient import IgnoredFieldsHeader
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
 from uma_serve.gateway.request_id import RequestIdMiddleware
 from uma_serve.gateway.router import RouteMiddleware, Router, Routing
@@ -53,11 +54,16 @@ class Settings:
     liveness_timeout: float = 5.0  # a core not answering health within this is hung
     first_event_timeout: float = 60.0  # a stream's wait for its first event (0: none)
     vllm_metric_names: bool = False  # /metrics also under vLLM's "vllm:" names
+    strict_fields: bool = False  # unknown request fields are 400s (else ignored, listed)
+    served_model_names: list[str] = field(default_factory=list)  # aliases, the first the id
+    strict_model_name: bool = False  # only the model's names pass (else any, one model)
 
 
 ROUTES = [
     Route("/v1/completions", routes.completions, methods=["POST"]),
     Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+    Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+    Route("/v1/messages", anthropic_api.create_message, methods=["POST"]),
     Route("/v1/models", info_routes.list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", info_routes.get_model, methods=["GET"]),
     Route("/tokenize", info_routes.tokenize, methods=["POST"]),
@@ -126,6 +132,7 @@ def _middleware(settings: Settings, metrics: GatewayMetrics) -> list[Middleware]
     middleware = [
         Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
         Middleware(RequestIdMiddleware),
+        Middleware(IgnoredFieldsHeader),
     ]
     if len(settings.core_sockets) > 1:
         middleware.append(Middleware(RouteMiddleware))

@@ -44,8 +44,10 @@ class AuthMiddleware:
         if not self.keys or scope["type"] != "http" or not protected:
             await self.app(scope, receive, send)
             return
-        header = dict(scope["headers"]).get(b"authorization")
-        token = bearer_of(header)
+        headers = dict(scope["headers"])
+        token = bearer_of(headers.get(b"authorization"))
+        if token is None and (api_key := headers.get(b"x-api-key")):  # Anthropic's SDK
+            token = api_key.decode("latin-1").strip() or None
         if token is None:
             err = ApiError(
                 401,

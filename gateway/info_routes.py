@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import openai_schema as schema
+from uma_serve.gateway import model_names, openai_schema as schema
 from uma_serve.gateway.errors import bad_request, from_core_error
 from uma_serve.gateway.routes import (
     check_json_body,
@@ -37,22 +37,28 @@ def _distinct_models(infos: list[p.InfoEvent]) -> list[p.InfoEvent]:
     return list({info.model: info for info in infos}.values())
 
 
+def _named(infos: list[p.InfoEvent], request: Request) -> list[tuple[str, p.InfoEvent]]:
+    """Each model under each of its names (gateway/model_names.py), its id first."""
+    served = request.app.state.settings.served_model_names
+    return [(n, i) for i in infos for n in model_names.names(i, served)]
+
+
 async def list_models(request: Request) -> Response:
-    infos = _distinct_models(await fresh_core_infos(request))
-    return JSONResponse({"object": "list", "data": [_model_card(i, request) for i in infos]})
+    named = _named(_distinct_models(await fresh_core_infos(request)), request)
+    data = [_model_card(i, request, n) for n, i in named]
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def get_model(request: Request) -> Response:
     infos = _distinct_models(await fresh_core_infos(request))
     name = request.path_params["model"]
-    info = next((i for i in infos if i.model == name), infos[0])
-    check_model(name, info)
-    return JSONResponse(_model_card(info, request))
+    info = next((i for n, i in _named(infos, request) if n == name), infos[0])
+    return JSONResponse(_model_card(info, request, check_model(request, name, info)))
 
 
-def _model_card(info: p.InfoEvent, request: Request) -> dict[str, Any]:
+def _model_card(info: p.InfoEvent, request: Request, name: str) -> dict[str, Any]:
     return {
-        "id": info.model,
+        "id": name,
         "object": "model",
         "created": int(request.app.state.started),
         "owned_by": "uma-serve",
@@ -81,7 +87,7 @@ async def _small_body(request: Request, kind: type) -> Any:
         return None
     req = schema.decode(body, kind)
     if req.model is not None:
-        check_model(req.model, await core_info(request))
+        check_model(request, req.model, await core_info(request))
     return req
 
 

@@ -167,6 +167,25 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
         "dashboards made for vLLM (off by default: promtool's lint flags the colon)",
     )
     ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
+    ap.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="a name the model answers to (repeatable; the first is its id in /v1/models); "
+        "the GGUF's internal name and its file's stem are accepted too",
+    )
+    ap.add_argument(
+        "--strict-model-name",
+        action="store_true",
+        help="a request naming a model that is not one of its names gets 404 (by default, "
+        "with one model served, any name is accepted)",
+    )
+    ap.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="refuse request fields this server does not define with a 400 (by default they "
+        "are ignored, logged once per name and listed in the X-UMA-Ignored-Fields header)",
+    )
 
 
 def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
@@ -200,6 +219,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         liveness_timeout=args.liveness_timeout,
         first_event_timeout=args.first_event_timeout,
         vllm_metric_names=args.vllm_metric_names,
+        strict_fields=args.strict_fields,
+        served_model_names=args.served_model_name,
+        strict_model_name=args.strict_model_name,
     )
 
 

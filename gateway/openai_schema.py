@@ -1,10 +1,11 @@
 """OpenAI request bodies as msgspec Structs: decoded and type-checked in one step.
 
-Unknown fields are refused (as OpenAI does with "Unrecognized request argument") so that no
-option is silently ignored. Fields OpenAI defines but the core cannot honour (``best_of``,
-``suffix``, prompt logprobs) are accepted only at their neutral values and otherwise refused
-with a 400 that names the parameter. ``response_format`` and forced tool calls become a GBNF
-grammar (gateway/gbnf.py); tool history is rendered by gateway/tool_prompt.py.
+Unknown fields are refused here (as OpenAI does with "Unrecognized request argument");
+gateway/lenient.py retries without them unless --strict-fields. Fields OpenAI defines but
+the core cannot honour (``best_of``, ``suffix``, prompt logprobs) are accepted only at their
+neutral values and otherwise refused with a 400 that names the parameter. ``response_format``
+and forced tool calls become a GBNF grammar (gateway/gbnf.py); tool history is rendered by
+gateway/tool_prompt.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ MAX_N = 16  # choices per request (each is a sequence in the core)
 QoS = Literal["interactive", "background"]
 # OpenAI's processing tiers: "flex" is bulk work (background); the rest are served normally
 ServiceTier = Literal["auto", "default", "flex", "priority", "scale"]
-Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)]
+MAX_STOPS = 16  # stop strings per request (llama-server and vLLM take more than OpenAI's 4)
+Stop = str | Annotated[list[str], msgspec.Meta(max_length=MAX_STOPS)]
+TopK = Annotated[int, msgspec.Meta(ge=-1)]  # 0 or -1 (vLLM's "off"): no top-k truncation
+RepeatPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=10.0)]
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -56,6 +60,11 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     qos: QoS | None = None
     # Extension (as llama-server's): keep generating past EOS, for fixed-length benches.
     ignore_eos: bool | None = None
+    # llama-server's and vLLM's sampling extras, applied by the core's sampler
+    top_k: TopK | None = None
+    min_p: Prob | None = None
+    repeat_penalty: RepeatPenalty | None = None  # llama-server's name
+    repetition_penalty: RepeatPenalty | None = None  # vLLM's name for the same
 
     @property
     def core_logprobs(self) -> int | None:

@@ -77,8 +77,11 @@ VLLM_NAMES = frozenset({
     "time_to_first_token_seconds", "time_per_output_token_seconds",
     "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
     "request_prompt_tokens", "request_generation_tokens", "prompt_tokens", "generation_tokens",
-    "request_success",
+    "request_success", "request_prefill_time_seconds", "request_decode_time_seconds",
+    "request_max_num_generation_tokens",
 })  # fmt: skip
+# vLLM's older names of the same families (its stock Grafana dashboard still reads them)
+VLLM_OLD_NAMES = {"kv_cache_usage_perc": "gpu_cache_usage_perc"}
 
 
 def cumulative_buckets(h: dict[str, Any], per_unit: float = 1000.0) -> list[tuple[str, float]]:
@@ -161,6 +164,8 @@ class CoreCollector(Collector):
             short = family.name.removeprefix("uma_")
             if self.vllm_names and short in VLLM_NAMES:
                 yield renamed(family, f"vllm:{short}")
+                if old := VLLM_OLD_NAMES.get(short):
+                    yield renamed(family, f"vllm:{old}")
 
 
 def core_families(base: list[str], live: Live) -> Iterator[Metric]:

@@ -11,6 +11,7 @@ While the gateway shuts down, new ones get 503 (gateway/drain.py).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import choices, openai_schema as schema
+from uma_serve.gateway import choices, lenient, model_names, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.frame_limit import check_frame
@@ -127,15 +128,10 @@ async def core_info(request: Request) -> p.InfoEvent:
         raise from_core_error(exc) from None
 
 
-def check_model(name: str | None, info: p.InfoEvent) -> str:
-    if name is None or name == info.model:
-        return info.model
-    raise ApiError(
-        404,
-        f"The model '{name}' does not exist; this server serves '{info.model}'",
-        param="model",
-        code="model_not_found",
-    )
+def check_model(request: Request, name: str | None, info: p.InfoEvent) -> str:
+    """The response's model name, or 404 (gateway/model_names.py says which names pass)."""
+    settings = request.app.state.settings
+    return model_names.resolve(name, info, settings.served_model_names, settings.strict_model_name)
 
 
 def check_logit_bias(bias: dict[int, float] | None, info: p.InfoEvent) -> None:
@@ -202,7 +198,10 @@ def sampling(req: schema._Sampling) -> dict[str, Any]:
     }
     if req.top_p is not None:
         out["top_p"] = req.top_p
-    if req.seed is not None:
+    out.update(lenient.sampling_extras(req))
+    if req.seed == -1:  # llama.cpp's and vLLM's "random"
+        out["seed"] = secrets.randbits(32)
+    elif req.seed is not None:
         out["seed"] = req.seed % (1 << 32)
     if req.ignore_eos:
         out["ignore_eos"] = True
@@ -240,11 +239,11 @@ async def _generate(request: Request, kind: type) -> Response:
 
     handed_off = False
     try:
-        req = schema.decode(body, kind)
+        req, request.state.ignored_fields = lenient.decode(body, kind, settings.strict_fields)
         note_session(req.user)  # the affinity key with several cores (gateway/router.py)
         qos = qos_of(request, req)
         info = await core_info(request)
-        model = check_model(req.model, info)
+        model = check_model(request, req.model, info)
         check_logit_bias(req.token_bias, info)
         if isinstance(req, schema.CompletionRequest):
             job = _completion_job(request, req, info, model, qos)

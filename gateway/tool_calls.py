@@ -4,7 +4,12 @@ A call is ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (do
 "Tool calls"); calls are grammar-constrained to it (with ``auto``, an answer that starts one), and
 parsed as it arrives. One incremental parser serves both the stream (OpenAI's ``delta.tool_calls``:
 the id, type and name first, then the arguments in pieces, as the SDK assembles them) and
-the whole answer (the same parser fed everything at once), so both carry the same text.
+the whole answer (the same parser fed everything at once), so both carry the same calls.
+
+A call is given out only once its arguments are complete: a call cut by ``max_tokens`` is
+dropped (the complete ones before it stay calls, in both modes), and a call identical to an
+earlier one of the same answer (same name and arguments: a small model repeats itself until
+the limit) is dropped too. The call markup never becomes content.
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ class Call:
     id: str
     name: str
     arguments: str = ""
+    pieces: list[str] = field(default_factory=list)  # the arguments as they arrived
+
+    @property
+    def key(self) -> str:
+        """What makes two calls the same: the name and the arguments' JSON value."""
+        try:
+            args = json.dumps(json.loads(self.arguments), sort_keys=True)
+        except ValueError:
+            args = self.arguments
+        return f"{self.name}\x00{args}"
 
     def message_dict(self) -> dict[str, Any]:
         fn = {"name": self.name, "arguments": self.arguments}
@@ -42,7 +57,8 @@ class ToolCallParser:
     header being read), ``args`` (its arguments, streamed), ``tail`` (after them)."""
 
     forced: bool = False  # the grammar guarantees calls: nothing is content
-    calls: list[Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)  # every call started
+    given: list[Call] = field(default_factory=list)  # the complete, distinct ones given out
     mode: str = "wait"
     buf: str = ""
     _depth: int = 0
@@ -77,9 +93,7 @@ class ToolCallParser:
             m = _HEAD.match(self.buf)
             if m:
                 name = json.loads(f'"{m.group(1)}"')
-                call = Call(f"call_{uuid.uuid4().hex[:24]}", name)
-                self.calls.append(call)
-                out.append(self._delta(call, {"name": name, "arguments": ""}, first=True))
+                self.calls.append(Call(f"call_{uuid.uuid4().hex[:24]}", name))
                 self.buf = self.buf[m.end() :]
                 self.mode, self._depth, self._started = "args", 0, False
         elif self.mode == "args":
@@ -89,10 +103,11 @@ class ToolCallParser:
             piece, rest = (self.buf, "") if n is None else (self.buf[:n], self.buf[n:])
             if piece:
                 self.calls[-1].arguments += piece
-                out.append(self._delta(self.calls[-1], {"arguments": piece}))
+                self.calls[-1].pieces.append(piece)
             self.buf = rest
             if n is not None:
                 self.mode = "close"
+                self._give(self.calls[-1], out)
         if self.mode == "close":
             m = _TAIL.match(self.buf)
             if m:
@@ -123,22 +138,28 @@ class ToolCallParser:
                 continue
         return None
 
-    def _delta(self, call: Call, fn: dict[str, str], first: bool = False) -> dict[str, Any]:
-        entry: dict[str, Any] = {"index": self.calls.index(call), "function": fn}
-        if first:
-            entry.update(id=call.id, type="function")
-        return {"tool_calls": [entry]}
+    def _give(self, call: Call, out: list[dict[str, Any]]) -> None:
+        """A complete call's deltas (its head, then its arguments' pieces), unless it repeats
+        an earlier call."""
+        if any(c.key == call.key for c in self.given):
+            return
+        self.given.append(call)
+        index = len(self.given) - 1
+        head = {"index": index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+        out.append({"tool_calls": [head]})
+        for piece in call.pieces:
+            out.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
 
     def finish(self) -> list[dict[str, Any]]:
         """At the end: text held back while a call might have started becomes content
-        (``auto``: it was no call after all)."""
-        if self.mode in ("wait", "head") and self.buf and not self.calls and not self.forced:
+        (``auto``: it was no call after all; a call's cut head is markup, never content)."""
+        if self.mode == "wait" and self.buf and not self.calls and not self.forced:
             text, self.buf = self.buf, ""
             return [{"content": text}]
         return []
 
     @property
     def complete_calls(self) -> list[Call]:
-        """The calls whose arguments ended (a call cut short by max_tokens is not one)."""
-        done = self.calls if self.mode in ("tail", "close") else self.calls[:-1]
-        return done if self.mode != "text" else []
+        """The calls given out: complete (one cut short by max_tokens is not) and distinct."""
+        return self.given if self.mode != "text" else []

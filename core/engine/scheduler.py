@@ -304,7 +304,8 @@ class Scheduler:
         m = self.metrics
         m.requests_total[reason] += 1
         m.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
-        m.observe_request(len(seq.prompt), seq.generated)
+        m.observe_request(len(seq.prompt), seq.generated, seq.request.max_tokens)
+        m.observe_phases(seq.admitted_ns, seq.first_token_ns, now)
         m.active_sessions = len(self.running)
         m.kv_cells_used = sum(s.n_past for s in self.running.values())
         if send:

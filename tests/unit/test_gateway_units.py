@@ -43,7 +43,7 @@ def test_completion_request_defaults():
         (b'{"prompt": ["a", "b"]}', "prompt"),
         (b'{"prompt": [1, 2]}', "prompt"),
         (b'{"prompt": "a", "top_p": 1.5}', "top_p"),
-        (b'{"prompt": "a", "stop": ["1","2","3","4","5"]}', "stop"),
+        (b'{"prompt": "a", "stop": [' + b",".join([b'"s"'] * 17) + b"]}", "stop"),
         (b'{"prompt": "a", "n": 0}', "n"),
         (b'{"prompt": "a", "n": 17}', "n"),
         (b'{"prompt": "a", "best_of": 2}', "best_of"),

@@ -16,7 +16,7 @@ def test_the_snapshot_is_the_declared_struct() -> None:
     m.kv_cells_total, m.kv_cells_used = 100, 25
     m.observe_ttft("interactive", 12.0)
     m.requests_total["stop"] += 1
-    m.observe_request(12, 3)
+    m.observe_request(12, 3, 16)
     snap = m.snapshot(prompt_tokens_reused_total=7)
     typed = msgspec.convert(snap, p.MetricsSnapshot)  # every field, well typed
     assert set(snap) == set(p.MetricsSnapshot.__struct_fields__)

@@ -43,7 +43,7 @@ def busy_engine() -> EngineMetrics:
     engine.observe_itl("background", 30.0)
     engine.e2e_ms.observe(400.0)
     engine.queue_ms.observe(3.0)
-    engine.observe_request(7, 3)
+    engine.observe_request(7, 3, 16)
     engine.record_tick(25.0, 2, 5)
     engine.requests_total["stop"] += 1
     engine.kv_cells_used, engine.kv_cells_total = 5, 10
@@ -129,9 +129,17 @@ def test_vllm_metric_names_export_vllms_families_again():
     assert "vllm:" not in plain
     both = families(exported_text(busy_engine(), vllm_names=True, cores=2))
     vllm = {name for name in both if name.startswith("vllm:")}
-    assert len(vllm) == 13
+    assert len(vllm) == 17
+    # the four vLLM's stock Grafana dashboard reads beside the others (issue 36)
+    assert {
+        "vllm:gpu_cache_usage_perc",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_max_num_generation_tokens",
+    } <= vllm
     for name in vllm:
-        ours, theirs = both[name.replace("vllm:", "uma_")], both[name]
+        ours = both[name.replace("vllm:", "uma_").replace("gpu_cache", "kv_cache")]
+        theirs = both[name]
         assert [(s.labels, s.value) for s in ours] == [(s.labels, s.value) for s in theirs]
         assert all(s.name.startswith(name.removesuffix("_total")) for s in theirs)
     assert both["vllm:num_requests_running"][1].labels == {

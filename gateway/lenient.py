@@ -1,0 +1,123 @@
+"""Unknown request fields: accepted and ignored by default, as vLLM, llama-server and Ollama do.
+
+Clients send fields this server does not define: OpenAI's newer top-level options (``store``,
+``metadata``, ``reasoning_effort``...), a message appended as ``message.model_dump()`` (it
+carries ``annotations: null``), a content part with ``cache_control``. A body is first decoded
+strictly (the fast path); only when msgspec names an unknown field is the body decoded as plain
+JSON, every field the request's Structs do not define removed at any depth, and decoded again,
+so wrong types and values of known fields are still 400s naming the field. Each ignored field
+name is logged once per process and listed in the ``X-UMA-Ignored-Fields`` response header.
+``--strict-fields`` keeps the 400 for unknown fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import msgspec
+from msgspec import inspect as mi
+
+from uma_serve.gateway.errors import ApiError
+
+log = logging.getLogger("uma.gateway")
+HEADER = "X-UMA-Ignored-Fields"
+UNKNOWN = "unknown field `"  # msgspec's wording for a field no Struct defines
+_INDEX = re.compile(r"\[\d+\]")
+_logged: set[str] = set()
+
+
+def decode(body: bytes, kind: type, strict: bool = False) -> tuple[Any, list[str]]:
+    """``body`` decoded into ``kind`` and the dotted names of the unknown fields it ignored
+    (``messages.annotations``); with ``strict``, an unknown field is the 400 it always was."""
+    from uma_serve.gateway.openai_schema import decode as strict_decode
+
+    try:
+        return strict_decode(body, kind), []
+    except ApiError as exc:
+        if strict or UNKNOWN not in exc.message:
+            raise
+    data = msgspec.json.decode(body)  # valid JSON: the strict decode got past parsing
+    ignored: list[str] = []
+    strip_unknown(data, mi.type_info(kind), "", ignored)
+    names = list(dict.fromkeys(_INDEX.sub("", name) for name in ignored))
+    for name in names:
+        if name not in _logged:
+            _logged.add(name)
+            log.warning("ignoring unknown request field %r (--strict-fields refuses it)", name)
+    return strict_decode(msgspec.json.encode(data), kind), names
+
+
+def strip_unknown(data: Any, info: mi.Type, path: str, ignored: list[str]) -> None:
+    """Remove from ``data`` (in place) every object key ``info``'s Structs do not define,
+    recording its path in ``ignored``. Data of the wrong shape is left as it is: the strict
+    decode then names it."""
+    if isinstance(info, mi.UnionType):
+        for option in info.types:
+            if _shape_fits(data, option):
+                strip_unknown(data, option, path, ignored)
+                return
+    elif isinstance(info, mi.StructType) and isinstance(data, dict):
+        fields = {f.encode_name: f.type for f in info.fields}
+        for key in list(data):
+            where = f"{path}.{key}" if path else key
+            if key not in fields and key != (info.tag_field or ""):
+                del data[key]
+                ignored.append(where)
+            else:
+                strip_unknown(data[key], fields.get(key, mi.AnyType()), where, ignored)
+    elif isinstance(info, mi.ListType) and isinstance(data, list):
+        for i, item in enumerate(data):
+            strip_unknown(item, info.item_type, f"{path}[{i}]", ignored)
+    elif isinstance(info, mi.Metadata):
+        strip_unknown(data, info.type, path, ignored)
+
+
+def _shape_fits(data: Any, info: mi.Type) -> bool:
+    """Whether ``data`` is an object for a Struct, or an array for a list, of ``info``."""
+    if isinstance(info, mi.Metadata):
+        return _shape_fits(data, info.type)
+    if isinstance(info, mi.StructType):
+        return isinstance(data, dict)
+    if isinstance(info, mi.ListType):
+        return isinstance(data, list)
+    return False
+
+
+def sampling_extras(req: Any) -> dict[str, Any]:
+    """llama-server's and vLLM's sampling extras as the core's Generate fields (top_k -1 is
+    vLLM's "off", the core's 0; ``repetition_penalty`` is vLLM's ``repeat_penalty``)."""
+    out: dict[str, Any] = {}
+    if req.top_k is not None:
+        out["top_k"] = max(req.top_k, 0)
+    if req.min_p is not None:
+        out["min_p"] = req.min_p
+    penalty = req.repeat_penalty if req.repeat_penalty is not None else req.repetition_penalty
+    if penalty is not None:
+        out["repeat_penalty"] = penalty
+    return out
+
+
+class IgnoredFieldsHeader:
+    """ASGI middleware: a response to a request whose unknown fields were ignored carries
+    their names in ``X-UMA-Ignored-Fields`` (set by the route in the request's state)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                names = scope.get("state", {}).get("ignored_fields")
+                if names:
+                    value = ", ".join(names).encode("latin-1", "replace")[:4096]
+                    headers = [*message.get("headers", []), (HEADER.lower().encode(), value)]
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
