@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml Makefile
 	# the test runs its own nginx, in the foreground, on a free loopback port
 	command -v nginx >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends nginx)
+	# Debian's jq: the --log-format json test reads the logs as an operator's pipeline would
+	command -v jq >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends jq)
 	touch $(STAMP)
 
 run: install
