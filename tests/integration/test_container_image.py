@@ -176,3 +176,16 @@ def test_stop_drains_umad(pod: Pod) -> None:
     podman("stop", "--time=40", core, timeout=60)
     assert podman("inspect", "--format={{.State.ExitCode}}", core) == "0"
     assert "umad stopped" in logs(core)
+
+
+def test_llama_cpp_is_the_portable_x86_64_v3_build(image: str) -> None:
+    """Compiled for AVX2 (x86-64-v3), not for the build host: a native build on a host with
+    AVX-512 or AMX (as this project's machines have) would list those and fail elsewhere."""
+    info = podman(
+        "run", "--rm", image, "python", "-c",
+        "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())",
+    )  # fmt: skip
+    cpu = info.split("CPU :")[1].split("|")
+    isa = {f.split("=")[0].strip() for f in cpu if f.strip().endswith("= 1")}
+    isa -= {"LLAMAFILE", "OPENMP", "REPACK"}  # not instruction sets
+    assert isa == {"SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2"}, info
