@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint clean
+.PHONY: install run test lint clean image
 
 install: $(STAMP)
 
@@ -27,7 +27,22 @@ $(STAMP): pyproject.toml Makefile
 	# the test runs its own nginx, in the foreground, on a free loopback port
 	command -v nginx >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends nginx)
+	# Debian's jq: the --log-format json test reads the logs as an operator's pipeline would
+	command -v jq >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends jq)
+	# Debian's mmdebstrap, podman and runc: `make image` and tests/integration/test_container_image.py
+	command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends mmdebstrap podman runc)
 	touch $(STAMP)
+
+# The OCI image localhost/uma-serve:<version> (and :latest), no registry pull (docs/DEPLOY.md,
+# "Container image"); cached under ~/.cache/uma-serve-image
+image:
+	command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends mmdebstrap podman runc)
+	sh deploy/image/build.sh
 
 run: install
 	$(BIN)/python -m uma_serve.launch

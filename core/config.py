@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
+from uma_serve.core.logfmt import FORMATS
 from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC, default_socket
 
 log = logging.getLogger("uma.config")
@@ -92,6 +93,7 @@ class Config:
     seed: int | None = None
     deterministic: str = "off"
     log_level: str = "info"
+    log_format: str = "text"
 
 
 def env_name(name: str) -> str:
@@ -223,6 +225,8 @@ def validate(c: Config) -> None:
         problems.append(f"sampler must be one of {', '.join(SAMPLERS)}")
     if c.log_level.lower() not in ("debug", "info", "warning", "error"):
         problems.append("log_level must be debug, info, warning or error")
+    if c.log_format not in FORMATS:
+        problems.append(f"log_format must be one of {', '.join(FORMATS)}")
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -179,4 +179,9 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
         "start-up, one per decode on a GPU)",
         "log_level",
     ),
+    "log_format": (
+        "text (a line for a person) or json (one JSON object a line: time, level, logger, "
+        "message, core and the fields a line carries such as request_id; docs/DEPLOY.md)",
+        "log_format",
+    ),
 }

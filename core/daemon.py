@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from uma_serve.core import config as cfg
+from uma_serve.core import config as cfg, logfmt
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, builtin_template
 from uma_serve.core.engine import Engine
 from uma_serve.core.engine.tuner import SweetSpotTuner
@@ -209,10 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         except (OSError, ChatTemplateError) as exc:
             print(f"umad: --chat-template {config.chat_template}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logfmt.setup(config.log_level, config.log_format, {"core": config.socket})
     try:
         if config.socket == default_socket():
             make_private_dir(config.socket)

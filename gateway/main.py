@@ -13,6 +13,7 @@ from uma_serve.gateway.app import Settings, create_app
 from uma_serve.gateway.drain import STOP_MARGIN_S, GatewayServer
 from uma_serve.gateway.early_close import close_unread_body
 from uma_serve.gateway.http_limits import limited_protocol
+from uma_serve.gateway.logs import log_config
 from uma_serve.gateway.tcp_cork import cork_response_head
 
 
@@ -192,6 +193,13 @@ def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
     """uvicorn's log level and the per-request access log."""
     ap.add_argument("--log-level", default="info", help="uvicorn log level")
     ap.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text, or json: one JSON object a line (time, level, logger, message, request_id "
+        "and core where a line has them), as umad's --log-format",
+    )
+    ap.add_argument(
         "--access-log",
         action="store_true",
         help="log a line per request (off by default: it sits on every response's first send; "
@@ -244,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         http=limited_protocol(args.max_header_bytes, args.header_timeout),
         log_level=args.log_level,
+        log_config=log_config(args.log_format, args.log_level),
         access_log=args.access_log,
         timeout_keep_alive=args.keep_alive_timeout,
         # the Drain stops what still runs after --shutdown-grace; uvicorn cancels only later

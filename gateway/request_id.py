@@ -4,12 +4,16 @@ fresh one."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-request-id"
+# the request id of the request this task serves, read when a line is logged (RequestIdFilter)
+CURRENT: ContextVar[Callable[[], bytes] | None] = ContextVar("uma_request_id", default=None)
 
 
 class RequestIdMiddleware:
@@ -29,7 +33,19 @@ class RequestIdMiddleware:
             rid = (scope.get("state") or {}).get("request_id")
             return rid.encode() if rid else fallback
 
+        CURRENT.set(request_id)  # this request's task (uvicorn runs one per request) only
         await self.app(scope, receive, with_header(send, HEADER, request_id))
+
+
+class RequestIdFilter(logging.Filter):
+    """Gives a line logged while a request is served (the access line, a router line) that
+    request's id as ``request_id``: the same id its X-Request-Id header and the core carry."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = CURRENT.get()
+        if current is not None and not hasattr(record, "request_id"):
+            record.request_id = current().decode(errors="replace")
+        return True
 
 
 def with_header(send: Send, name: bytes, value: Callable[[], bytes | None]) -> Send:

@@ -240,7 +240,13 @@ class Router:
                 if started or exc.code not in RETRY_CODES:
                     raise
                 last = exc
-                log.info("core %s could not take %s (%s): next core", core.name, gen.id, exc.code)
+                log.info(
+                    "core %s could not take %s (%s): next core",
+                    core.name,
+                    gen.id,
+                    exc.code,
+                    extra={"core": core.name},
+                )
             finally:
                 core.inflight -= 1
         assert last is not None
@@ -250,12 +256,14 @@ class Router:
 
     def mark_down(self, core: Core, why: str) -> None:
         if core.up:
-            log.warning("core %s is out of the rotation: %s", core.name, why)
+            log.warning(
+                "core %s is out of the rotation: %s", core.name, why, extra={"core": core.name}
+            )
         core.up, core.why_down = False, why
 
     def _mark_up(self, core: Core) -> None:
         if not core.up:
-            log.warning("core %s is back in the rotation", core.name)
+            log.warning("core %s is back in the rotation", core.name, extra={"core": core.name})
         core.up, core.why_down = True, ""
 
     async def _health_of(self, core: Core) -> p.HealthEvent | CoreError:

@@ -5,6 +5,7 @@ gateway, the Service, Ingress and HPA name what exists."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -71,3 +72,20 @@ def test_pod_wiring() -> None:
     assert metric == "uma_num_requests_waiting" and metric in {g.name for g in GAUGES}
     adapter = yaml.safe_load((K8S / "adapter" / "values.yaml").read_text())
     assert adapter["rules"]["custom"][0]["name"]["as"] == metric
+
+
+def test_pod_runs_the_image_make_image_builds_as_its_user() -> None:
+    """The containers name localhost/uma-serve:<version> (deploy/image/build.sh's tag) and run
+    as the image's user on a read-only root filesystem, as tests/integration/
+    test_container_image.py runs that image."""
+    root = K8S.parents[1]
+    build = (root / "deploy" / "image" / "build.sh").read_text()
+    version = re.search(r'^version = "(.+)"', (root / "pyproject.toml").read_text(), re.M)[1]
+    name = re.search(r"UMA_IMAGE_NAME:-([^}]+)}", build)[1]
+    uid, gid = re.search(r"^UID_GID=(\d+):(\d+)$", build, re.M).groups()
+    spec = load("deployment.yaml")["spec"]["template"]["spec"]
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] and (pod["runAsUser"], pod["runAsGroup"]) == (int(uid), int(gid))
+    for c in spec["containers"]:
+        assert c["image"] == f"{name}:{version}"
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
