@@ -301,10 +301,12 @@ def _device_problems(c: Config) -> list[str]:
 
 
 def prefix_cache_size(c: Config) -> tuple[int, int]:
-    """The prefix cache's token budget and entries, -1 (auto) resolved: half the KV cache in as
-    many entries as sequences run (at least 8), so it grows with the machine's configuration:
-    16 conversations need 16 entries of their history (2-core CPU defaults: 4096 and 8)."""
-    tokens = c.n_ctx // 2 if c.prefix_cache_tokens == AUTO else c.prefix_cache_tokens
+    """The prefix cache's token budget and entries, -1 (auto) resolved: a quarter of the KV
+    cache (at least 4096) in as many entries as sequences run (at least 8), so that 16
+    conversations keep 16 histories. Not more: every resident cell widens each decode's
+    attention mask (docs/MEMORY.md). The 2-core CPU's defaults: 4096 tokens, 8 entries."""
+    auto_tokens = max(4096, c.n_ctx // 4)
+    tokens = auto_tokens if c.prefix_cache_tokens == AUTO else c.prefix_cache_tokens
     # every id has a shadow id (docs/MEMORY.md): 2 x (n_seq + slots) within llama.cpp's 256
     auto_slots = max(min(max(8, c.n_seq), LLAMA_MAX_SEQ // 2 - c.n_seq), 0)
     slots = auto_slots if c.prefix_cache_slots == AUTO else c.prefix_cache_slots

@@ -136,8 +136,8 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "prefix_cache_tokens": (
         "prefix cache: KV cells finished sequences may keep resident for reuse by later "
-        "prompts (-1: half of --n-ctx; 0: off; on, the SWA layers keep full-size KV: "
-        "docs/MEMORY.md)",
+        "prompts (-1: a quarter of --n-ctx, at least 4096; 0: off; on, the SWA layers keep "
+        "full-size KV: docs/MEMORY.md)",
         "cache.prefix_cache_tokens",
     ),
     "prefix_cache_slots": (
