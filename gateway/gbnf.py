@@ -15,11 +15,12 @@ from types import ModuleType
 from typing import Any
 
 from uma_serve.gateway.errors import ApiError, bad_request
+from uma_serve.gateway.nesting import check_depth
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 # a schema's grammar grows with the square of its nesting (arrays 400 deep: 1.2 MB), and the
-# converter recurses once per level: both are bounded, a 400 naming the field
-MAX_SCHEMA_DEPTH = 64  # nested JSON objects and arrays in one schema
+# converter recurses once per level: both are bounded (the depth by gateway/nesting.py), a 400
+# naming the field
 MAX_GRAMMAR_BYTES = 512 * 1024  # a converted grammar's size
 MAX_PARALLEL_CALLS = 4  # calls one forced answer may hold (parallel_tool_calls)
 # any JSON object; whitespace kept to one optional space so a model cannot run away in it
@@ -50,26 +51,9 @@ def _converter_module() -> ModuleType:
     return module
 
 
-def _depth(value: Any) -> int:
-    """How deeply JSON objects and arrays nest in ``value`` (iterative: any depth is safe)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        node, level = todo.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, level)
-            children = node.values() if isinstance(node, dict) else node
-            todo.extend((child, level + 1) for child in children)
-    return deepest
-
-
 def _convert(schema: Any, root: str, param: str) -> Any:
     """A SchemaConverter that has visited ``schema`` as rule ``root``."""
-    if (depth := _depth(schema)) > MAX_SCHEMA_DEPTH:
-        raise bad_request(
-            f"the JSON schema nests {depth} levels deep, over the limit of {MAX_SCHEMA_DEPTH}",
-            param,
-            "invalid_value",
-        )
+    check_depth(schema, param)  # the converter recurses once per level
     mod = _converter_module()
     conv = mod.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
