@@ -158,12 +158,8 @@ class PrefixIndex:
             self.touch(existing)
             return StorePlan(None)
         evict: list[int] = []
-        # the reuse count of what it extends: its parent's (the entry its request reused),
-        # a superseded entry's, or one for a prefix an evicted entry held (a ghost)
         hashes = block_hashes(tokens)
-        hits = _inherited(self.entries.get(parent), shared)
-        if self._ghost_blocks(hashes) >= 2:
-            hits = max(hits, 1)
+        hits = self._reuse_count(parent, shared, hashes)
         # entries that are prefixes of the new one are superseded by it
         for e in list(self.entries.values()):
             if e.pinned:
@@ -196,6 +192,12 @@ class PrefixIndex:
         for h in entry.hashes:
             self._by_hash.setdefault(h, set()).add(entry.cache_id)
         return StorePlan(entry, evict)
+
+    def _reuse_count(self, parent: int | None, shared: int, hashes: list[int]) -> int:
+        """What a new entry starts with: its parent's count (the entry its request reused), or
+        one for a prefix an evicted entry held (a ghost); a superseded entry's is added later."""
+        hits = _inherited(self.entries.get(parent) if parent is not None else None, shared)
+        return max(hits, 1) if self._ghost_blocks(hashes) >= 2 else hits
 
     def pin(self, tokens: Sequence[int]) -> Entry | None:
         """Reserve a cache id for a pinned prefix (the engine fills its KV); None if no id."""
