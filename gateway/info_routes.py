@@ -161,10 +161,10 @@ async def health(request: Request) -> Response:
     cores = []
     for core, h in results:
         if isinstance(h, CoreError):
-            cores.append({"core": core.name, "status": "unavailable", "reason": h.message})
+            cores.append({"core": core.label, "status": "unavailable", "reason": h.message})
             continue
         one = {
-            "core": core.name,
+            "core": core.label,  # "core i": /health needs no key, so no socket path
             "status": h.status,
             "active_sessions": h.active_sessions,
             "waiting_sessions": h.waiting_sessions,
