@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
+from test_engine_fake_runtime import FakeRuntime
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine import Engine, Submission
@@ -97,38 +97,19 @@ def test_the_estimate_counts_cached_blocks_from_the_start() -> None:
     assert idx.cached_length(block_hashes([5] * BLOCK + SYS)) == 0
 
 
-class CountingRuntime:
-    """Decodes instantly (each row prefers token 1); records the tokens each decode carried."""
+class CountingRuntime(FakeRuntime):
+    """The fake runtime with cache ids and room for long prompts; records the tokens each
+    decode carried."""
 
     def __init__(self, n_seq: int = 4, n_cache: int = 4) -> None:
+        super().__init__(n_seq)
         self.params = RuntimeParams(model_path="fake", n_seq=n_seq, n_seq_cache=n_cache)
-        self.n_ctx = 8192
-        self.n_ctx_per_seq = 2048
-        self.n_batch = 512
+        self.n_ctx, self.n_ctx_per_seq, self.n_batch = 8192, 2048, 512
         self.decodes: list[list[tuple[int, int]]] = []  # per decode: (seq_id, n_tokens)
 
     def decode(self, spans):
         self.decodes.append([(s.seq_id, len(s.tokens)) for s in spans])
-        rows = [i if s.logits else -1 for i, s in enumerate(spans)]
-        return 0, rows
-
-    def logits_row(self, row: int) -> np.ndarray:
-        out = np.zeros(8, dtype=np.float32)
-        out[1] = 1.0
-        return out
-
-    def piece(self, token: int) -> bytes:
-        return b"x"
-
-    def is_eog(self, token: int) -> bool:
-        return False
-
-    def seq_clear(self, seq_id: int) -> None: ...
-    def seq_trim(self, seq_id: int, from_pos: int) -> None: ...
-    def seq_copy(self, src: int, dst: int, n: int) -> None: ...
-    def abort(self) -> None: ...
-    def clear_abort(self) -> None: ...
-    def synchronize(self) -> None: ...
+        return super().decode(spans)
 
 
 def submission(rid: str, prompt: list[int], t: int = 0) -> Submission:
