@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _open_runtime(args: argparse.Namespace, model: str) -> Runtime:
     """The daemon's cache layout: its sequences and prefix-cache ids."""
-    from uma_serve.core.config import Config
+    from uma_serve.core.config import Config, prefix_cache_size
     from uma_serve.core.runtime import Runtime, RuntimeParams
 
     defaults = Config()
@@ -85,7 +85,7 @@ def _open_runtime(args: argparse.Namespace, model: str) -> Runtime:
             model,
             n_ctx=args.n_ctx,
             n_seq=defaults.n_seq,
-            n_seq_cache=defaults.prefix_cache_slots,
+            n_seq_cache=prefix_cache_size(defaults)[1],
             swa_full=True,
             shadow=True,
             threads=args.threads,
