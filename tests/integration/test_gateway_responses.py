@@ -9,8 +9,6 @@ import jsonschema
 import openai
 import pytest
 
-from .chat_fixtures import *  # noqa: F403
-
 WEATHER = {
     "type": "function",
     "name": "get_weather",
