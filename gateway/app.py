@@ -71,6 +71,7 @@ ROUTES = [
     Route("/health", info_routes.health, methods=["GET"]),
     Route("/metrics", info_routes.metrics, methods=["GET"]),
 ]
+EXPOSED_HEADERS = ["X-Request-Id", "Retry-After", "X-UMA-Core", "X-UMA-Ignored-Fields"]
 KNOWN_PATHS = {r.path for r in ROUTES if "{" not in r.path}
 
 
@@ -142,8 +143,10 @@ def _middleware(settings: Settings, metrics: GatewayMetrics) -> list[Middleware]
                 CORSMiddleware,
                 allow_origins=settings.cors_origins,
                 allow_methods=["GET", "POST", "OPTIONS"],
-                allow_headers=["Authorization", "Content-Type", "X-UMA-QoS", "X-Session-Id"],
-                expose_headers=["X-Request-Id", "Retry-After", "X-UMA-Core"],
+                # the requested headers are reflected: SDKs send their own (the OpenAI JS
+                # SDK's x-stainless-*, Anthropic's anthropic-version); auth still applies
+                allow_headers=["*"],
+                expose_headers=EXPOSED_HEADERS,
             )
         )
     middleware.append(Middleware(AuthMiddleware, keys=settings.api_keys))

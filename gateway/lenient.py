@@ -38,7 +38,15 @@ def decode(body: bytes, kind: type, strict: bool = False) -> tuple[Any, list[str
     except ApiError as exc:
         if strict or UNKNOWN not in exc.message:
             raise
-    data = msgspec.json.decode(body)  # valid JSON: the strict decode got past parsing
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:  # msgspec met the unknown field before the break
+        raise ApiError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). "
+            "The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
     ignored: list[str] = []
     strip_unknown(data, mi.type_info(kind), "", ignored)
     names = list(dict.fromkeys(_INDEX.sub("", name) for name in ignored))

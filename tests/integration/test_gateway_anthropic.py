@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import anthropic
 import pytest
 
-from .chat_fixtures import *  # noqa: F403
 from .gateway_fixtures import Gateway, start_gateway
 
 WEATHER = {
@@ -21,6 +20,7 @@ WEATHER = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+GREEDY = {"temperature": 0}  # this SDK has no temperature argument; the API has the field
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_text_with_system_and_blocks(claude, chat_model) -> None:
         system=[{"type": "text", "text": "You are a helpful assistant.",
                  "cache_control": {"type": "ephemeral"}}],
         messages=[{"role": "user", "content": [{"type": "text", "text": "Capital of France?"}]}],
-        temperature=0,
+        extra_body=GREEDY,
     )  # fmt: skip
     assert m.type == "message" and m.role == "assistant"
     assert m.content[0].type == "text" and m.content[0].text
@@ -45,19 +45,19 @@ def test_text_with_system_and_blocks(claude, chat_model) -> None:
 
 def test_streamed_events(claude, chat_model) -> None:
     with claude.messages.stream(model=chat_model, max_tokens=30, messages=ASK,
-                                temperature=0) as stream:  # fmt: skip
+                                extra_body=GREEDY) as stream:  # fmt: skip
         kinds = [e.type for e in stream]
         final = stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert "content_block_start" in kinds and "content_block_delta" in kinds
     assert kinds[-2] == "message_delta" or "message_delta" in kinds
-    whole = claude.messages.create(model=chat_model, max_tokens=30, messages=ASK, temperature=0)
+    whole = claude.messages.create(model=chat_model, max_tokens=30, messages=ASK, extra_body=GREEDY)
     assert final.content[0].text == whole.content[0].text
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
 def test_tool_round_trip_streamed(claude, chat_model) -> None:
-    kw = dict(model=chat_model, max_tokens=120, tools=[WEATHER], temperature=0,
+    kw = dict(model=chat_model, max_tokens=120, tools=[WEATHER], extra_body=GREEDY,
               tool_choice={"type": "any"})  # fmt: skip
     with claude.messages.stream(messages=ASK, **kw) as stream:
         first = stream.get_final_message()
@@ -77,7 +77,7 @@ def test_tool_round_trip_streamed(claude, chat_model) -> None:
         ]},
     ]  # fmt: skip
     with claude.messages.stream(model=chat_model, max_tokens=60, tools=[WEATHER],
-                                messages=follow, temperature=0) as stream:  # fmt: skip
+                                messages=follow, extra_body=GREEDY) as stream:  # fmt: skip
         answer = stream.get_final_message()
     assert answer.content and answer.content[0].type == "text" and answer.content[0].text
 

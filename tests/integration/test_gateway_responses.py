@@ -9,8 +9,6 @@ import jsonschema
 import openai
 import pytest
 
-from .chat_fixtures import *  # noqa: F403
-
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -175,7 +173,9 @@ def test_agents_sdk_default_responses_mode_with_a_tool(chat_gateway, chat_model)
         instructions="Answer weather questions with the get_weather tool.",
         tools=[get_weather],
         model=model,
-        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=120),
+        model_settings=agents.ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, max_tokens=120
+        ),
         tool_use_behavior="stop_on_first_tool",
     )
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?")

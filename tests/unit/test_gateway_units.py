@@ -172,6 +172,13 @@ def test_app_without_core(no_core_app):
     assert 'uma_http_requests_total{method="GET",route="/v1/models",status="401"}' in m.text
 
 
+STAINLESS = (
+    "authorization, content-type, x-stainless-arch, x-stainless-lang, x-stainless-os, "
+    "x-stainless-package-version, x-stainless-retry-count, x-stainless-runtime, "
+    "x-stainless-runtime-version, x-stainless-timeout"
+)
+
+
 def test_cors_preflight_passes_before_auth(tmp_path):
     settings = Settings(
         core_sockets=[str(tmp_path / "none.sock")],
@@ -184,11 +191,14 @@ def test_cors_preflight_passes_before_auth(tmp_path):
             headers={
                 "Origin": "http://app.example",
                 "Access-Control-Request-Method": "POST",
-                "Access-Control-Request-Headers": "authorization, content-type",
+                "Access-Control-Request-Headers": STAINLESS,
             },
         )
         assert pre.status_code == 200
         assert pre.headers["access-control-allow-origin"] == "http://app.example"
+        # the OpenAI JS SDK's own headers (issue 36): reflected, not a 400
+        allowed = {h.strip() for h in pre.headers["access-control-allow-headers"].split(",")}
+        assert {h.strip() for h in STAINLESS.split(",")} <= allowed
         other = client.get("/v1/models", headers={"Origin": "http://evil.example"})
         assert other.status_code == 401
         assert "access-control-allow-origin" not in other.headers
