@@ -53,7 +53,6 @@ def _converter_module() -> ModuleType:
 
 def _convert(schema: Any, root: str, param: str) -> Any:
     """A SchemaConverter that has visited ``schema`` as rule ``root``."""
-    check_depth(schema, param)  # the converter recurses once per level
     mod = _converter_module()
     conv = mod.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
@@ -106,6 +105,7 @@ def _format(conv: Any, param: str) -> str:
 
 def json_schema_grammar(schema: Any, param: str = "response_format") -> str:
     """GBNF whose language is the JSON documents ``schema`` accepts (as llama.cpp converts)."""
+    check_depth(schema, param)  # the converter recurses once per level
     return _format(_convert(schema, "", param), param)
 
 
@@ -130,6 +130,7 @@ def tool_call_grammar(
     defs: dict[str, Any] = {}
     schemas = []
     for i, f in enumerate(functions):
+        check_depth(f.get("parameters"), f"tools[{i}].function.parameters")
         # each function's "#/$defs/..." refers to its own parameters, not to this wrapper
         params = _hoisted(f.get("parameters"), f"fn{i}-", defs)
         schemas.append(call_schema({**f, "parameters": params}))

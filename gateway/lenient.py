@@ -20,6 +20,7 @@ import msgspec
 from msgspec import inspect as mi
 
 from uma_serve.gateway.errors import ApiError
+from uma_serve.gateway.nesting import deep_param, too_deep
 
 log = logging.getLogger("uma.gateway")
 HEADER = "X-UMA-Ignored-Fields"
@@ -47,6 +48,8 @@ def decode(body: bytes, kind: type, strict: bool = False) -> tuple[Any, list[str
             "The body must be a JSON object.",
             code="invalid_json",
         ) from None
+    except RecursionError:  # msgspec's, past about 1,000 levels (gateway/nesting.py)
+        raise too_deep(deep_param(body)) from None
     ignored: list[str] = []
     strip_unknown(data, mi.type_info(kind), "", ignored)
     names = list(dict.fromkeys(_INDEX.sub("", name) for name in ignored))

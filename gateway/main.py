@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()  # start-up objects out of the collector: no full-collection pauses over them
     gc.freeze()
     config = uvicorn.Config(
-        close_unread_body(cork_response_head(app)),
+        # the cork reads uvicorn's own send (its socket): outermost
+        cork_response_head(close_unread_body(app)),
         host=args.host,
         port=args.port,
         http=limited_protocol(args.max_header_bytes, args.header_timeout),

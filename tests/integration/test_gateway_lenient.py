@@ -10,10 +10,22 @@ import pytest
 
 from .gateway_fixtures import *  # noqa: F403
 from .gateway_fixtures import Gateway, start_gateway
-from .helpers import gen
+from .helpers import Daemon, gen, start_daemon
 
 PROMPT = "The list of colors: red, blue, green, red, blue, green, red,"
 BASE = {"prompt": PROMPT, "max_tokens": 24, "temperature": 1.5, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def det_core(tmp_path_factory) -> Iterator[tuple[Daemon, Gateway]]:
+    """A --deterministic core and its gateway: the same sampled text from the same request,
+    whatever the prefix cache held before (on the shared core a cached prompt's numerics may
+    turn a near-tie at temperature 1.5; docs/MEMORY.md, "Reproducible greedy output")."""
+    core = start_daemon(tmp_path_factory.mktemp("det"), "--deterministic", "on")
+    gw = start_gateway(core.socket)
+    yield core, gw
+    gw.stop()
+    core.stop()
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +54,10 @@ def _core_text(umad, **fields) -> str:
         ({"repetition_penalty": 3.0}, {"repeat_penalty": 3.0}),
     ],
 )
-def test_sampling_extra_reaches_the_core(gateway, umad, extra, core) -> None:
+def test_sampling_extra_reaches_the_core(det_core, extra, core) -> None:
     """The gateway's answer with the extra is the core's with its own field, which differs
     from the core's without it (so the field is observable, not a no-op)."""
+    umad, gateway = det_core
     r = _gateway_text(gateway, **extra)
     assert r.status_code == 200, r.text
     assert "x-uma-ignored-fields" not in r.headers
@@ -53,8 +66,9 @@ def test_sampling_extra_reaches_the_core(gateway, umad, extra, core) -> None:
     assert _core_text(umad) != with_field
 
 
-def test_top_k_minus_one_is_off(gateway, umad) -> None:
+def test_top_k_minus_one_is_off(det_core) -> None:
     """vLLM's top_k -1 (no truncation) is the core's 0."""
+    umad, gateway = det_core
     r = _gateway_text(gateway, top_k=-1)
     assert r.json()["choices"][0]["text"] == _core_text(umad, top_k=0)
 
