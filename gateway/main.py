@@ -27,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
         prog="uma-gateway", description="OpenAI-compatible HTTP gateway for the UMA Serve core."
     )
     _add_core_arguments(ap)
+    _add_liveness_arguments(ap)
     _add_http_arguments(ap)
     _add_limit_arguments(ap)
     _add_behaviour_arguments(ap)
@@ -66,6 +67,10 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
         help="with several cores: the preferred core is passed over for the least-loaded one "
         "when it holds more than this many requests in flight beyond it",
     )
+
+
+def _add_liveness_arguments(ap: argparse.ArgumentParser) -> None:
+    """How the gateway tells a core that is down or hung."""
     ap.add_argument(
         "--health-interval",
         type=float,
