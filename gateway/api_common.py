@@ -50,21 +50,12 @@ class Dialect:
 async def serve(request: Request, dialect: Dialect) -> Response:
     """One request of ``dialect`` through the chat pipeline (the module docstring's steps)."""
     state = request.app.state
-    settings = state.settings
     state.drain.refuse_new()
     routes.check_json_body(request)
     try:
-        body = await routes.read_body(request, settings.max_body_bytes, settings.body_timeout)
+        body, stop, release = await routes.body_and_place(request)
     except ClientGone:
         return Response(status_code=499)
-    state.drain.refuse_new()
-    state.inflight.enter()
-    stop = state.drain.add()
-
-    def release() -> None:
-        state.drain.discard(stop)
-        state.inflight.leave()
-
     handed_off = False
     try:
         req, request.state.ignored_fields = dialect.to_chat(body, request)

@@ -32,7 +32,7 @@ _logged: set[str] = set()
 def decode(body: bytes, kind: type, strict: bool = False) -> tuple[Any, list[str]]:
     """``body`` decoded into ``kind`` and the dotted names of the unknown fields it ignored
     (``messages.annotations``); with ``strict``, an unknown field is the 400 it always was."""
-    from uma_serve.gateway.openai_schema import decode as strict_decode
+    from uma_serve.gateway.openai_schema import decode as strict_decode, not_json
 
     try:
         return strict_decode(body, kind), []
@@ -42,12 +42,7 @@ def decode(body: bytes, kind: type, strict: bool = False) -> tuple[Any, list[str
     try:
         data = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:  # msgspec met the unknown field before the break
-        raise ApiError(
-            400,
-            f"We could not parse the JSON body of your request ({exc}). "
-            "The body must be a JSON object.",
-            code="invalid_json",
-        ) from None
+        raise not_json(exc) from None
     except RecursionError:  # msgspec's, past about 1,000 levels (gateway/nesting.py)
         raise too_deep(deep_param(body)) from None
     ignored: list[str] = []

@@ -290,6 +290,16 @@ def _param_of(message: str) -> str | None:
     return path or None
 
 
+def not_json(exc: Exception) -> ApiError:
+    """The 400 for a body msgspec cannot parse as JSON."""
+    return ApiError(
+        400,
+        f"We could not parse the JSON body of your request ({exc}). "
+        "The body must be a JSON object.",
+        code="invalid_json",
+    )
+
+
 def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
     """Decode and validate a body into ``kind``, or raise a 400 ApiError naming the field."""
     if not body.strip():
@@ -305,12 +315,7 @@ def decode(body: bytes, kind: type[msgspec.Struct]) -> Any:
             msg = f"Unrecognized request argument supplied: {msg}"
         raise bad_request(msg, _param_of(msg)) from None
     except msgspec.DecodeError as exc:
-        raise ApiError(
-            400,
-            f"We could not parse the JSON body of your request ({exc}). "
-            "The body must be a JSON object.",
-            code="invalid_json",
-        ) from None
+        raise not_json(exc) from None
     except RecursionError:  # msgspec's, past about 1,000 levels (gateway/nesting.py)
         raise too_deep(deep_param(body)) from None
     except UnicodeDecodeError as exc:  # msgspec's, for a string with bytes that are not UTF-8

@@ -14,6 +14,7 @@ import asyncio
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -212,6 +213,22 @@ def sampling(req: schema._Sampling) -> dict[str, Any]:
     return out
 
 
+async def body_and_place(request: Request) -> tuple[bytes, Any, Callable[[], None]]:
+    """The body (413, 408; ClientGone), then an in-flight place (429: a slow body holds none)
+    and the drain's stop for the request; ``release`` gives both back."""
+    state, settings = request.app.state, request.app.state.settings
+    body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+    state.drain.refuse_new()  # SIGTERM came while the body arrived
+    state.inflight.enter()
+    stop = state.drain.add()
+
+    def release() -> None:
+        state.drain.discard(stop)
+        state.inflight.leave()
+
+    return body, stop, release
+
+
 async def completions(request: Request) -> Response:
     return await _generate(request, schema.CompletionRequest)
 
@@ -226,17 +243,9 @@ async def _generate(request: Request, kind: type) -> Response:
     state.drain.refuse_new()
     check_json_body(request)
     try:
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+        body, stop, release = await body_and_place(request)
     except ClientGone:
         return Response(status_code=499)
-    state.drain.refuse_new()  # SIGTERM came while the body arrived
-    state.inflight.enter()
-    stop = state.drain.add()
-
-    def release() -> None:
-        state.drain.discard(stop)
-        state.inflight.leave()
-
     handed_off = False
     try:
         req, request.state.ignored_fields = lenient.decode(body, kind, settings.strict_fields)
