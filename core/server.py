@@ -24,6 +24,7 @@ from uma_serve.core.chat import ChatTemplate, ChatTemplateError, normalize
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
 from uma_serve.core.group import members
+from uma_serve.core.limits import over_limits, over_prompt_bytes
 from uma_serve.core.prompt_tokens import ChatTokenizer, PromptTokenizer
 from uma_serve.core.runtime import Runtime
 from uma_serve.core.runtime.grammar import GrammarError, check_grammar
@@ -275,23 +276,13 @@ class CoreServer:
         if self.in_flight() + len(subs) > c.max_sessions:
             held = f"{self.in_flight()} requests in flight"
             return p.E_BUSY, f"{held}, room for {len(subs)} more is over max_sessions: retry later"
-        if req.max_tokens > c.max_tokens:
-            return p.E_LIMIT_TOKENS, f"max_tokens {req.max_tokens} is over the limit {c.max_tokens}"
-        if req.logit_bias and (top := max(req.logit_bias)) >= self.runtime.n_vocab:
-            vocab = f"(0..{self.runtime.n_vocab - 1})"
-            return p.E_PROTO, f"logit_bias token id {top} is not in the vocabulary {vocab}"
+        if over := over_limits(req, c.max_tokens, c.max_prompt_bytes, self.runtime.n_vocab):
+            return over.code, over.message
         if req.grammar is not None:
             try:
                 check_grammar(self.runtime.vocab, req.grammar)
             except GrammarError as exc:
                 return p.E_PROTO, f"invalid generate request: 'grammar': {exc}"
-        if req.messages is not None:
-            size = sum(len(m.content.encode()) for m in req.messages)
-        else:
-            size = len((req.prompt or "").encode())
-        if size > c.max_prompt_bytes:
-            limit = c.max_prompt_bytes
-            return p.E_LIMIT, f"prompt of {size} bytes is over max_prompt_bytes {limit}"
         return None
 
     def tokens(self, req: p.TokenizeRequest | p.DetokenizeRequest) -> p.Event:
@@ -304,10 +295,8 @@ class CoreServer:
                 return p.ErrorEvent(req.id, p.E_PROTO, f"token id {bad[0]} is not in {vocab}")
             text = b"".join(rt.piece(t, special=True) for t in req.tokens)
             return p.TextEvent(req.id, text.decode("utf-8", "replace"))
-        size = len(req.content.encode())
-        if size > self.config.max_prompt_bytes:
-            limit = self.config.max_prompt_bytes
-            return p.ErrorEvent(req.id, p.E_LIMIT, f"{size} bytes over max_prompt_bytes {limit}")
+        if over := over_prompt_bytes(len(req.content.encode()), self.config.max_prompt_bytes):
+            return p.ErrorEvent(req.id, over.code, over.message)
         ids = rt.tokenize(req.content, req.add_special, req.parse_special)
         if not req.with_pieces:
             return p.TokensEvent(req.id, ids)

@@ -18,8 +18,11 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from uma_serve.gateway import anthropic_out, api_common, lenient, openai_schema as schema
+from uma_serve.gateway import dispatch, openai_schema as schema, routes
+from uma_serve.gateway.answer import Job
+from uma_serve.gateway.anthropic_out import MessagesAnswer
 from uma_serve.gateway.errors import bad_request
+from uma_serve.gateway.tool_prompt import grammar_param_of
 
 
 class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -148,14 +151,12 @@ def to_chat(req: MessagesRequest) -> schema.ChatRequest:
     return schema.decode(msgspec.json.encode(chat), schema.ChatRequest)
 
 
-def _decode(body: bytes, request: Request) -> tuple[schema.ChatRequest, list[str]]:
-    strict = request.app.state.settings.strict_fields
-    req, ignored = lenient.decode(body, MessagesRequest, strict)
-    return to_chat(req), ignored
-
-
-DIALECT = api_common.Dialect(_decode, anthropic_out.whole, anthropic_out.stream)
-
-
 async def create_message(request: Request) -> Response:
-    return await api_common.serve(request, DIALECT)
+    return await dispatch.serve(request, message_job)
+
+
+async def message_job(request: Request, body: bytes) -> Job:
+    """A /v1/messages body as a Job: the chat request it means, answered as a message."""
+    chat = to_chat(routes.decode(request, body, MessagesRequest))
+    gen, model = await routes.chat_generate(request, chat)
+    return Job(gen, MessagesAnswer(gen, model, chat.tool_mode), "messages", grammar_param_of(chat))

@@ -8,18 +8,12 @@ chat route's parser (gateway/tool_calls.py), so a call is a ``tool_use`` block o
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import Request
-
-from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway.answer import Job, end_error
-from uma_serve.gateway.api_common import sse
-from uma_serve.gateway.errors import ApiError, from_core_error
-from uma_serve.gateway.streaming import Choice
-from uma_serve.gateway.tool_calls import ToolCallParser
+from uma_serve.gateway.answer import Answer, End, Result, sse
+from uma_serve.gateway.errors import ApiError
+from uma_serve.gateway.tool_calls import ToolCallParser, read_calls
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -34,36 +28,6 @@ def _input(arguments: str) -> Any:
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
     return {"input_tokens": prompt, "output_tokens": completion,
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}  # fmt: skip
-
-
-def _message_id(job: Job) -> str:
-    return "msg_" + job.id.removeprefix("chatcmpl-")
-
-
-def whole(job: Job, request: Request, result: dict[str, Any]) -> dict[str, Any]:
-    """The whole ``message`` from the chat completion of the same request."""
-    choice = result["choices"][0]
-    message = choice["message"]
-    content: list[dict[str, Any]] = []
-    if message.get("content"):
-        content.append({"type": "text", "text": message["content"]})
-    for c in message.get("tool_calls") or []:
-        fn = c["function"]
-        content.append({"type": "tool_use", "id": c["id"], "name": fn["name"],
-                        "input": _input(fn["arguments"])})  # fmt: skip
-    u = result["usage"]
-    return {
-        "id": _message_id(job),
-        "type": "message",
-        "role": "assistant",
-        "model": job.model,
-        "content": content,
-        "stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"),
-        "stop_sequence": None,
-        "usage": _usage(
-            u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"]
-        ),  # fmt: skip
-    }
 
 
 class _Blocks:
@@ -109,13 +73,6 @@ class _Blocks:
         return out
 
 
-def _start(job: Job) -> bytes:
-    message = {"id": _message_id(job), "type": "message", "role": "assistant", "content": [],
-               "model": job.model, "stop_reason": None, "stop_sequence": None,
-               "usage": _usage(0, 0, 0)}  # fmt: skip
-    return sse("message_start", {"type": "message_start", "message": message})
-
-
 def _end(blocks: _Blocks, reason: str, usage: p.Usage) -> list[bytes]:
     if reason == "stop" and blocks.called:
         reason = "tool_calls"
@@ -128,35 +85,51 @@ def _end(blocks: _Blocks, reason: str, usage: p.Usage) -> list[bytes]:
     ]
 
 
-def _error(err: ApiError) -> bytes:
-    kind = "overloaded_error" if err.status in (429, 503) else "api_error"
-    return sse("error", {"type": "error", "error": {"type": kind, "message": err.message}})
+class MessagesAnswer(Answer):
+    """One request's ``message``: streamed, its events; or whole. ``tool_mode``: calls are
+    read from the text."""
 
+    def __init__(self, gen: p.Generate, model: str, tool_mode: str | None) -> None:
+        self.id, self.model = "msg_" + gen.id.removeprefix("chatcmpl-"), model
+        self.forced = tool_mode == "forced"
+        self.parser = ToolCallParser(forced=self.forced) if tool_mode is not None else None
+        self.blocks = _Blocks()
 
-async def stream(
-    job: Job, request: Request, first: Choice, events: AsyncIterator[Choice]
-) -> AsyncIterator[bytes]:
-    """The Messages SSE events of one core stream, from its already received first event."""
-    yield _start(job)
-    blocks = _Blocks()
-    parser = ToolCallParser(forced=job.tool_mode == "forced") if job.tool_mode else None
-    item: Choice | None = first
-    try:
-        while item is not None:
-            ev = item[1]
-            if isinstance(ev, p.TokenEvent):
-                deltas = parser.feed(ev.text) if parser else [{"content": ev.text}]
-                for chunk in blocks.feed(deltas):
-                    yield chunk
-            elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                if err := end_error(job, ev):
-                    yield _error(err)
-                    return
-                tail = blocks.feed(parser.finish()) if parser else []
-                for chunk in [*tail, *_end(blocks, ev.reason, ev.usage)]:
-                    yield chunk
-                return
-            item = await anext(events, None)
-        yield _error(ApiError(500, "the core ended the stream early"))
-    except CoreError as exc:
-        yield _error(from_core_error(exc, job.prompt_param))
+    def whole(self, results: list[Result]) -> dict[str, Any]:
+        """The whole ``message``: the answer's text as a text block, then its calls."""
+        text, reason, usage, _ = results[0]
+        found, calls = read_calls(text, self.forced) if self.parser else (text, [])
+        content: list[dict[str, Any]] = [{"type": "text", "text": found}] if found else []
+        for c in calls:
+            content.append({"type": "tool_use", "id": c.id, "name": c.name,
+                            "input": _input(c.arguments)})  # fmt: skip
+        if calls and reason == "stop":
+            reason = "tool_calls"
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": STOP_REASONS.get(reason, "end_turn"),
+            "stop_sequence": None,
+            "usage": _usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
+        }
+
+    def open(self) -> bytes:
+        message = {"id": self.id, "type": "message", "role": "assistant", "content": [],
+                   "model": self.model, "stop_reason": None, "stop_sequence": None,
+                   "usage": _usage(0, 0, 0)}  # fmt: skip
+        return sse("message_start", {"type": "message_start", "message": message})
+
+    def token(self, ev: p.TokenEvent, i: int = 0) -> bytes:
+        deltas = self.parser.feed(ev.text) if self.parser else [{"content": ev.text}]
+        return b"".join(self.blocks.feed(deltas))
+
+    def end(self, ev: End, i: int = 0) -> bytes:
+        tail = self.blocks.feed(self.parser.finish()) if self.parser else []
+        return b"".join([*tail, *_end(self.blocks, ev.reason, ev.usage)])
+
+    def error(self, err: ApiError) -> bytes:
+        kind = "overloaded_error" if err.status in (429, 503) else "api_error"
+        return sse("error", {"type": "error", "error": {"type": kind, "message": err.message}})

@@ -29,11 +29,11 @@ from uma_serve.gateway.errors import (
     http_exception_handler,
     unhandled_handler,
 )
+from uma_serve.gateway.intake import Inflight
 from uma_serve.gateway.lenient import IgnoredFieldsHeader
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
 from uma_serve.gateway.request_id import RequestIdMiddleware
 from uma_serve.gateway.router import RouteMiddleware, Router, Routing
-from uma_serve.gateway.routes import Inflight
 
 
 @dataclass
@@ -102,12 +102,12 @@ def create_app(settings: Settings) -> Starlette:
 def _lifespan(
     settings: Settings, metrics: GatewayMetrics
 ) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
-    """The app's lifespan: the cores' Router (``app.state.pool``) opens and warms up at
+    """The app's lifespan: the cores' Router (``app.state.router``) opens and warms up at
     start-up, and closes at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool = Router(
+        router = Router(
             settings.core_sockets,
             pool_size=settings.pool_size,
             routing=settings.routing,
@@ -117,13 +117,13 @@ def _lifespan(
             liveness_timeout=settings.liveness_timeout,
             routed=metrics.routed,
         )
-        app.state.pool = pool  # the routes' view of the cores (gateway/router.py)
-        warm = asyncio.ensure_future(pool.warm())
+        app.state.router = router  # the routes' view of the cores (gateway/router.py)
+        warm = asyncio.ensure_future(router.warm())
         try:
             yield
         finally:
             warm.cancel()
-            await pool.close()
+            await router.close()
 
     return lifespan
 

@@ -22,19 +22,9 @@ from typing import Any
 
 import uvicorn
 
-from uma_serve.gateway.errors import RETRY_AFTER_S, ApiError
+from uma_serve.gateway.errors import shutting_down
 
 STOP_MARGIN_S = 3.0
-
-
-def shutting_down_error(what: str = "the request was stopped") -> ApiError:
-    return ApiError(
-        503,
-        f"the gateway is shutting down: {what}; retry on another instance or later",
-        type="server_error",
-        code="shutting_down",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
-    )
 
 
 class Stop:
@@ -83,7 +73,7 @@ class Drain:
 
     def refuse_new(self) -> None:
         if self.draining:
-            raise shutting_down_error("no new requests are taken")
+            raise shutting_down("no new requests are taken")
 
 
 class GatewayServer(uvicorn.Server):

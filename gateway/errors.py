@@ -60,13 +60,29 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+def unavailable(message: str, code: str) -> ApiError:
+    """Every 503 the gateway gives: a server error a client retries after ``Retry-After``."""
+    return ApiError(503, message, type="server_error", code=code,
+                    headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+
+
 def core_unavailable(reason: str) -> ApiError:
-    return ApiError(
-        503,
-        f"the inference core is unavailable: {reason}",
-        type="server_error",
-        code="core_unavailable",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+    return unavailable(f"the inference core is unavailable: {reason}", "core_unavailable")
+
+
+def shutting_down(what: str = "the request was stopped") -> ApiError:
+    """The gateway's own shutdown (gateway/drain.py)."""
+    return unavailable(
+        f"the gateway is shutting down: {what}; retry on another instance or later",
+        "shutting_down",
+    )
+
+
+def core_timeout(seconds: float) -> ApiError:
+    """A stream whose first event did not come within ``--first-event-timeout``."""
+    return unavailable(
+        f"the inference core sent nothing within {seconds:g} s (--first-event-timeout)",
+        "core_timeout",
     )
 
 
@@ -101,9 +117,7 @@ def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
     if code == p.E_BUSY:
         return too_many_requests(msg)
     if code == p.E_SHUTDOWN:
-        err = core_unavailable(msg)
-        err.code = "shutting_down"
-        return err
+        return unavailable(f"the inference core is unavailable: {msg}", "shutting_down")
     if code in (p.E_IO, p.E_FRAME, p.E_IDLE, E_CONNECT):
         return core_unavailable(msg)
     if code == E_BAD_REPLY:  # the core's fault, not the client's: details to the log
@@ -111,6 +125,13 @@ def from_core_error(exc: CoreError, prompt_param: str = "prompt") -> ApiError:
         return ApiError(502, "the core sent a reply the gateway cannot read", type="server_error",
                         code="bad_core_reply")  # fmt: skip
     return ApiError(500, msg, type="server_error", code=code)
+
+
+def over_limit(refusal: p.Refusal, params: dict[str, str]) -> ApiError:
+    """A request over the core's limits (``protocol.over_limits``, checked here before it is
+    sent), naming the request's own field: ``params`` maps the core's field names to it."""
+    code = "context_length_exceeded" if refusal.code == p.E_LIMIT else "invalid_value"
+    return ApiError(400, refusal.message, param=params.get(refusal.field, refusal.field), code=code)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

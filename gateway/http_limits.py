@@ -14,7 +14,7 @@ Both answers, and the 400 uvicorn gives a request that does not parse, are OpenA
 objects, written by hand (no ASGI request exists yet), with
 ``Connection: close``. The connection is half-closed and what the client still sends is read
 and dropped for a moment, so that a client still writing its head reads the answer instead
-of a reset. The body's own deadline (``--body-timeout``) is the app's (routes.read_body).
+of a reset. The body's own deadline (``--body-timeout``) is the app's (intake.read_body).
 """
 
 from __future__ import annotations

@@ -11,16 +11,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
-from uma_serve.core import protocol as p
+from uma_serve.core import limits, protocol as p
 from uma_serve.gateway import model_names, openai_schema as schema
-from uma_serve.gateway.errors import bad_request, from_core_error
-from uma_serve.gateway.routes import (
-    check_json_body,
-    check_model,
-    check_prompt_size,
-    core_info,
-    read_body,
-)
+from uma_serve.gateway.errors import bad_request, from_core_error, over_limit
+from uma_serve.gateway.intake import check_json_body, check_model, core_info, read_body
 from uma_serve.gateway.streaming import ClientGone
 
 
@@ -28,7 +22,7 @@ async def fresh_core_infos(request: Request) -> list[p.InfoEvent]:
     """The cores' info asked now, not the cache: the model list answers 503 while no core
     is up instead of naming a model nobody serves."""
     try:
-        return await request.app.state.pool.fresh_infos()
+        return await request.app.state.router.fresh_infos()
     except CoreError as exc:
         raise from_core_error(exc) from None
 
@@ -97,11 +91,13 @@ async def tokenize(request: Request) -> Response:
     req = await _small_body(request, schema.TokenizeRequest)
     if req is None:
         return Response(status_code=499)
-    check_prompt_size(len(req.content.encode()), await core_info(request), "content")
+    limit = (await core_info(request)).max_prompt_bytes
+    if over := limits.over_prompt_bytes(len(req.content.encode()), limit):
+        raise over_limit(over, {"prompt": "content"})
     flags = {"add_special": req.add_special, "parse_special": req.parse_special}
     try:
         with counted(request):
-            ev = await request.app.state.pool.tokenize(
+            ev = await request.app.state.router.tokenize(
                 req.content, with_pieces=req.with_pieces, **flags
             )
     except CoreError as exc:
@@ -123,7 +119,7 @@ async def detokenize(request: Request) -> Response:
         raise bad_request(message, "tokens", "invalid_value")
     try:
         with counted(request):
-            content = await request.app.state.pool.detokenize(req.tokens)
+            content = await request.app.state.router.detokenize(req.tokens)
     except CoreError as exc:
         err = from_core_error(exc, "tokens")
         if exc.code == p.E_PROTO:
@@ -141,7 +137,7 @@ def _not_ok_reason(status: str) -> str:
 async def health(request: Request) -> Response:
     """200 when a core answers ``health`` with ok; 503 with the reason otherwise. With
     several cores, ``core`` sums their queues and ``cores`` gives each one's state."""
-    results = await request.app.state.pool.healths()
+    results = await request.app.state.router.healths()
     ok = [h for _, h in results if isinstance(h, p.HealthEvent) and h.status == "ok"]
     answered = [h for _, h in results if isinstance(h, p.HealthEvent)]
     body: dict[str, Any] = {
@@ -181,7 +177,7 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text; the cores' part comes from one snapshot of each taken now."""
     state = request.app.state
-    snapshots = await state.pool.snapshots(5.0)
+    snapshots = await state.router.snapshots(5.0)
     # No await between setting the snapshots and rendering: concurrent scrapes cannot mix.
     state.metrics.core.set_snapshots(snapshots)
     data = generate_latest(state.metrics.registry)

@@ -16,8 +16,11 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from uma_serve.gateway import api_common, lenient, openai_schema as schema, responses_out
+from uma_serve.gateway import dispatch, openai_schema as schema, routes
+from uma_serve.gateway.answer import Job
 from uma_serve.gateway.errors import bad_request
+from uma_serve.gateway.responses_out import ResponsesAnswer
+from uma_serve.gateway.tool_prompt import grammar_param_of
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
@@ -157,15 +160,14 @@ def to_chat(req: ResponsesRequest) -> schema.ChatRequest:
     return schema.decode(msgspec.json.encode(chat), schema.ChatRequest)
 
 
-def _decode(body: bytes, request: Request) -> tuple[schema.ChatRequest, list[str]]:
-    strict = request.app.state.settings.strict_fields
-    req, ignored = lenient.decode(body, ResponsesRequest, strict)
-    request.state.responses_request = req
-    return to_chat(req), ignored
-
-
-DIALECT = api_common.Dialect(_decode, responses_out.whole, responses_out.stream)
-
-
 async def create_response(request: Request) -> Response:
-    return await api_common.serve(request, DIALECT)
+    return await dispatch.serve(request, response_job)
+
+
+async def response_job(request: Request, body: bytes) -> Job:
+    """A /v1/responses body as a Job: the chat request it means, answered as a response."""
+    req = routes.decode(request, body, ResponsesRequest)
+    chat = to_chat(req)
+    gen, model = await routes.chat_generate(request, chat)
+    answer = ResponsesAnswer(req, gen, model, chat.tool_mode)
+    return Job(gen, answer, "messages", grammar_param_of(chat))

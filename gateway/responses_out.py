@@ -12,19 +12,17 @@ parser (gateway/tool_calls.py), so both routes see the same calls.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
-
-from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway.answer import Job, end_error, usage_dict
-from uma_serve.gateway.api_common import sse
-from uma_serve.gateway.errors import ApiError, from_core_error
-from uma_serve.gateway.streaming import Choice
-from uma_serve.gateway.tool_calls import ToolCallParser
+from uma_serve.gateway.answer import Answer, End, Result, sse, usage_dict
+from uma_serve.gateway.errors import ApiError
+from uma_serve.gateway.tool_calls import ToolCallParser, read_calls
+
+if TYPE_CHECKING:
+    from uma_serve.gateway.responses_api import ResponsesRequest
 
 
 def _id(prefix: str) -> str:
@@ -42,38 +40,6 @@ def usage_of(u: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def response_object(
-    job: Job, request: Request, status: str, output: list[dict], usage: dict | None
-) -> dict[str, Any]:
-    req = request.state.responses_request
-    text = req.text if req.text and "format" in req.text else {"format": {"type": "text"}}
-    return {
-        "id": "resp_" + job.id.removeprefix("chatcmpl-"),
-        "object": "response",
-        "created_at": job.created,
-        "status": status,
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "model": job.model,
-        "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
-        "store": False,
-        "temperature": job.generate.temperature,
-        "text": text,
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": req.tools or [],
-        "top_p": job.generate.top_p,
-        "truncation": "disabled",
-        "usage": usage,
-        "user": req.user,
-        "metadata": {},
-    }
-
-
 def _message(text: str, status: str = "completed", item_id: str | None = None) -> dict:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"id": item_id or _id("msg"), "type": "message", "status": status,
@@ -85,46 +51,103 @@ def _call(call_id: str, name: str, arguments: str, status: str = "completed") ->
             "name": name, "arguments": arguments}  # fmt: skip
 
 
-def whole(job: Job, request: Request, result: dict[str, Any]) -> dict[str, Any]:
-    """The whole ``response`` from the chat completion of the same request."""
-    choice = result["choices"][0]
-    message = choice["message"]
-    output = [_message(message["content"])] if message.get("content") else []
-    for c in message.get("tool_calls") or []:
-        output.append(_call(c["id"], c["function"]["name"], c["function"]["arguments"]))
-    status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-    return response_object(job, request, status, output, usage_of(result["usage"]))
+class ResponsesAnswer(Answer):
+    """One request's ``response``: streamed, its events (the numbering, the item being
+    written, the output so far); or whole. ``tool_mode``: calls are read from the text."""
 
-
-class _Writer:
-    """One stream's events: the numbering, the open item, the output so far."""
-
-    def __init__(self, job: Job, request: Request) -> None:
-        self.job, self.request = job, request
+    def __init__(
+        self, req: ResponsesRequest, gen: p.Generate, model: str, tool_mode: str | None
+    ) -> None:
+        self.req, self.model = req, model
+        self.id = "resp_" + gen.id.removeprefix("chatcmpl-")
+        self.created = int(time.time())
+        self.temperature, self.top_p = gen.temperature, gen.top_p
+        self.forced = tool_mode == "forced"
+        self.parser = ToolCallParser(forced=self.forced) if tool_mode is not None else None
         self.seq = 0
         self.output: list[dict[str, Any]] = []
-        self.open: dict[str, Any] | None = None  # the item being written
+        self.item: dict[str, Any] | None = None  # the item being written
         self.text = ""
+
+    def response(self, status: str, usage: dict | None = None) -> dict[str, Any]:
+        """The ``response`` object as it stands."""
+        req = self.req
+        text = req.text if req.text and "format" in req.text else {"format": {"type": "text"}}
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "model": self.model,
+            "output": self.output,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": self.temperature,
+            "text": text,
+            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+            "tools": req.tools or [],
+            "top_p": self.top_p,
+            "truncation": "disabled",
+            "usage": usage,
+            "user": req.user,
+            "metadata": {},
+        }
+
+    def whole(self, results: list[Result]) -> dict[str, Any]:
+        """The whole ``response``: the answer's text as a message, then its calls."""
+        text, reason, usage, _ = results[0]
+        content, calls = read_calls(text, self.forced) if self.parser else (text, [])
+        output = [_message(content)] if content else []
+        output += [_call(c.id, c.name, c.arguments) for c in calls]
+        self.output = output
+        status = "incomplete" if reason == "length" else "completed"
+        return self.response(status, usage_of(usage_dict(usage)))
+
+    # --- the stream ------------------------------------------------------------------------
+
+    def open(self) -> bytes:
+        created = self.event("response.created", response=self.response("in_progress"))
+        return created + self.event("response.in_progress", response=self.response("in_progress"))
+
+    def token(self, ev: p.TokenEvent, i: int = 0) -> bytes:
+        deltas = self.parser.feed(ev.text) if self.parser else [{"content": ev.text}]
+        return b"".join(self.deltas(deltas))
+
+    def end(self, ev: End, i: int = 0) -> bytes:
+        tail = self.deltas(self.parser.finish()) if self.parser else []
+        out = self.close()
+        status = "incomplete" if ev.reason == "length" else "completed"
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        resp = self.response(status, usage_of(usage_dict(ev.usage)))
+        return b"".join([*tail, *out, self.event(kind, response=resp)])
+
+    def error(self, err: ApiError) -> bytes:
+        error = {"code": err.code or "server_error", "message": err.message}
+        return self.event("response.failed", response={**self.response("failed"), "error": error})
 
     def event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return sse(kind, data)
 
-    def response(self, status: str, usage: dict | None = None) -> dict[str, Any]:
-        return response_object(self.job, self.request, status, self.output, usage)
-
     def _where(self) -> dict[str, Any]:
-        assert self.open is not None
-        return {"item_id": self.open["id"], "output_index": len(self.output)}
+        assert self.item is not None
+        return {"item_id": self.item["id"], "output_index": len(self.output)}
 
     def text_delta(self, text: str) -> list[bytes]:
         out = []
-        if self.open is None or self.open["type"] != "message":
+        if self.item is None or self.item["type"] != "message":
             out += self.close()
-            self.open, self.text = _message("", "in_progress"), ""
+            self.item, self.text = _message("", "in_progress"), ""
             out.append(self.event("response.output_item.added", output_index=len(self.output),
-                                  item=self.open))  # fmt: skip
+                                  item=self.item))  # fmt: skip
             part = {"type": "output_text", "text": "", "annotations": []}
             out.append(self.event("response.content_part.added", **self._where(),
                                   content_index=0, part=part))  # fmt: skip
@@ -138,19 +161,19 @@ class _Writer:
         fn = entry["function"]
         if "id" in entry:
             out += self.close()
-            self.open = _call(entry["id"], fn["name"], "", "in_progress")
+            self.item = _call(entry["id"], fn["name"], "", "in_progress")
             out.append(self.event("response.output_item.added", output_index=len(self.output),
-                                  item=dict(self.open)))  # fmt: skip
+                                  item=dict(self.item)))  # fmt: skip
         if piece := fn.get("arguments"):
-            assert self.open is not None
-            self.open["arguments"] += piece
+            assert self.item is not None
+            self.item["arguments"] += piece
             out.append(self.event("response.function_call_arguments.delta", **self._where(),
                                   delta=piece))  # fmt: skip
         return out
 
     def close(self) -> list[bytes]:
         """The events that end the open item, if any."""
-        item, out = self.open, []
+        item, out = self.item, []
         if item is None:
             return out
         if item["type"] == "message":
@@ -167,7 +190,7 @@ class _Writer:
         out.append(self.event("response.output_item.done", output_index=len(self.output),
                               item=item))  # fmt: skip
         self.output.append(item)
-        self.open = None
+        self.item = None
         return out
 
     def deltas(self, deltas: list[dict[str, Any]]) -> list[bytes]:
@@ -178,45 +201,3 @@ class _Writer:
             elif "tool_calls" in d:
                 out += self.call_delta(d["tool_calls"][0])
         return out
-
-    def end(self, reason: str, usage: p.Usage) -> list[bytes]:
-        out = self.close()
-        status = "incomplete" if reason == "length" else "completed"
-        kind = "response.incomplete" if status == "incomplete" else "response.completed"
-        resp = self.response(status, usage_of(usage_dict(usage)))
-        return [*out, self.event(kind, response=resp)]
-
-    def failed(self, err: ApiError) -> bytes:
-        resp = {**self.response("failed"), "error": {"code": err.code or "server_error",
-                                                      "message": err.message}}  # fmt: skip
-        return self.event("response.failed", response=resp)
-
-
-async def stream(
-    job: Job, request: Request, first: Choice, events: AsyncIterator[Choice]
-) -> AsyncIterator[bytes]:
-    """The Responses SSE events of one core stream, from its already received first event."""
-    w = _Writer(job, request)
-    yield w.event("response.created", response=w.response("in_progress"))
-    yield w.event("response.in_progress", response=w.response("in_progress"))
-    parser = ToolCallParser(forced=job.tool_mode == "forced") if job.tool_mode else None
-    item: Choice | None = first
-    try:
-        while item is not None:
-            ev = item[1]
-            if isinstance(ev, p.TokenEvent):
-                deltas = parser.feed(ev.text) if parser else [{"content": ev.text}]
-                for chunk in w.deltas(deltas):
-                    yield chunk
-            elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                if err := end_error(job, ev):
-                    yield w.failed(err)
-                    return
-                tail = w.deltas(parser.finish()) if parser else []
-                for chunk in [*tail, *w.end(ev.reason, ev.usage)]:
-                    yield chunk
-                return
-            item = await anext(events, None)
-        yield w.failed(ApiError(500, "the core ended the stream early", code="server_error"))
-    except CoreError as exc:
-        yield w.failed(from_core_error(exc, job.prompt_param))

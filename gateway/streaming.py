@@ -1,18 +1,17 @@
-"""Core event streams to OpenAI responses (answer.py builds the chunks and bodies): the SSE
-response, the whole one, disconnect races.
+"""The streamed answer's plumbing: the first event awaited (honest TTFT, disconnect and stop
+races), then the pump that hands every core event to the request's Answer (gateway/answer.py)
+and writes the bytes it returns.
 
 The rules that matter: a stream's first chunk leaves only once a real token exists (honest
-TTFT, and an early error is still a real HTTP status); one chunk per token event; the finish
-reason rides on the last chunk; ``include_usage`` adds a chunk with empty ``choices``; the
-stream ends with ``data: [DONE]``. A client that goes away cancels its core request at once,
-streamed or not.
+TTFT, and an early error is still a real HTTP status); one write per token event; however the
+stream ends (the core gone, the gateway stopping), the answer's own error ends it. A client
+that goes away cancels its core request at once, streamed or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,9 +21,9 @@ from starlette.requests import Request
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway.answer import Job, Result, end_error, total_usage, usage_dict
-from uma_serve.gateway.drain import Stop, shutting_down_error
-from uma_serve.gateway.errors import ApiError, from_core_error
+from uma_serve.gateway.answer import Job, end_error
+from uma_serve.gateway.drain import Stop
+from uma_serve.gateway.errors import ApiError, core_timeout, from_core_error, shutting_down
 
 # sse-starlette cancels every stream at once on SIGTERM (no final chunk); the gateway's Drain
 # ends them itself, with an error chunk and [DONE] (gateway/drain.py)
@@ -68,7 +67,7 @@ async def race_disconnect(request: Request, work: Awaitable[T], stop: Stop | Non
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             if stop is not None and stop.stopped and task.cancelled():
-                raise shutting_down_error("no answer was ready in time")
+                raise shutting_down("no answer was ready in time")
             return task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -100,13 +99,7 @@ class Deadline:
             self._timer.cancel()
 
     def error(self) -> ApiError:
-        return ApiError(
-            503,
-            f"the inference core sent nothing within {self.seconds:g} s (--first-event-timeout)",
-            type="server_error",
-            code="core_timeout",
-            headers={"Retry-After": "1"},
-        )
+        return core_timeout(self.seconds)
 
 
 async def first_event(
@@ -145,7 +138,7 @@ async def first_event(
             raise ClientGone from None
         if stop is not None and stop.stopped:
             task.uncancel()
-            raise shutting_down_error("no token was ready in time") from None
+            raise shutting_down("no token was ready in time") from None
         if deadline.expired:
             task.uncancel()
             raise deadline.error() from None
@@ -157,25 +150,6 @@ async def first_event(
         deadline.cancel()
         if watcher is not None:
             watcher.cancel()
-
-
-async def collect(job: Job, events: AsyncIterator[p.Event]) -> Result:
-    """Run a non-streamed core request to its end."""
-    parts: list[str] = []
-    lps: list[p.Logprobs] = []
-    async for ev in events:
-        if isinstance(ev, p.TokenEvent):
-            parts.append(ev.text)
-            if ev.logprobs is not None:
-                lps.append(ev.logprobs)
-        elif isinstance(ev, p.CompletionEvent | p.EosEvent):
-            if err := end_error(job, ev):
-                raise err
-            if isinstance(ev, p.CompletionEvent):
-                return ev.text, ev.reason, ev.usage, ev.logprobs
-            asked = job.generate.logprobs is not None
-            return "".join(parts), ev.reason, ev.usage, lps if asked else None
-    raise ApiError(500, "the core ended the request without a final event", type="server_error")
 
 
 class GuardedEventSource(EventSourceResponse):
@@ -253,15 +227,13 @@ def sse_response(
     on_first_sent: Callable[[], None] | None = None,
     stop: Stop | None = None,
 ) -> EventSourceResponse:
-    """The stream of ``job.n`` choices, starting from an already received first event: per
-    choice the role (chat) and its first text in one write, one chunk per token, the finish
-    reason on its last chunk; then one usage chunk and ``[DONE]`` once every choice ended.
-    A ``stop`` (the gateway shutting down) ends it with an error chunk and ``[DONE]``, as does
-    any error (the core gone, its drain timed out)."""
+    """The stream of ``job``'s answer, from an already received first event. A ``stop`` (the
+    gateway shutting down) ends it with the answer's error, as does any error (the core gone,
+    its drain timed out)."""
     cleanup = _close_once(events, on_close)
     halt = stop if stop is not None else Stop()
     body = _sse_body(job, first, events, halt, cleanup)
-    return GuardedEventSource(body, job.id, cleanup=cleanup, on_first_sent=on_first_sent)
+    return GuardedEventSource(body, job.generate.id, cleanup=cleanup, on_first_sent=on_first_sent)
 
 
 def _close_once(events: AsyncIterator[Choice], on_close: Callable[[], None]) -> Cleanup:
@@ -285,31 +257,25 @@ def _close_once(events: AsyncIterator[Choice], on_close: Callable[[], None]) -> 
 
 async def _sse_body(
     job: Job, first: Choice, events: AsyncIterator[Choice], halt: Stop, cleanup: Cleanup
-) -> AsyncIterator[bytes | str]:
-    """sse_response's chunks, from ``first`` on; ``cleanup`` runs however it ends."""
-    started, usages = [False] * job.n, []
+) -> AsyncIterator[bytes]:
+    """sse_response's bytes, from ``first`` on; ``cleanup`` runs however it ends."""
+    answer, ended = job.answer, 0
     item: Choice | None = first
     try:
+        if opening := answer.open():
+            yield opening
         while item is not None:
             i, ev = item
-            if isinstance(ev, p.TokenEvent) and job.tool_mode is not None:
-                if data := _tool_token(job, started, i, ev.text):
+            if type(ev) is p.TokenEvent:  # every token's path: one call of the answer
+                if data := answer.token(ev, i):
                     yield data
-            elif isinstance(ev, p.TokenEvent):
-                if started[i]:
-                    yield job.content_event(ev.text, i, ev.logprobs)
-                else:
-                    started[i] = True
-                    text = job.echo + ev.text
-                    yield job.role_event(i) + job.content_event(text, i, ev.logprobs)
             elif isinstance(ev, p.EosEvent | p.CompletionEvent):
-                if err := end_error(job, ev):  # e.g. the core's drain timed out
-                    yield json.dumps(err.body())
-                    yield "[DONE]"
+                if err := end_error(ev, job.prompt_param):  # e.g. the core's drain timed out
+                    yield answer.error(err)
                     return
-                for chunk in _choice_end(job, i, ev, started[i], usages):
-                    yield chunk
-                if len(usages) == job.n:
+                yield answer.end(ev, i)
+                ended += 1
+                if ended == answer.n:
                     return
             if halt.stopped:
                 break
@@ -325,44 +291,10 @@ async def _sse_body(
             finally:
                 halt.waiting = None
         else:
-            yield json.dumps(ApiError(500, "the core ended the stream early").body())
-            yield "[DONE]"
+            yield answer.error(ApiError(500, "the core ended the stream early"))
             return
-        yield json.dumps(shutting_down_error("the stream was cut short").body())
-        yield "[DONE]"
-    except CoreError as exc:  # e.g. the core died: every stream still ends with [DONE]
-        yield json.dumps(from_core_error(exc, job.prompt_param).body())
-        yield "[DONE]"
+        yield answer.error(shutting_down("the stream was cut short"))
+    except CoreError as exc:  # e.g. the core died: the answer still ends as its API ends
+        yield answer.error(from_core_error(exc, job.prompt_param))
     finally:
         await cleanup()
-
-
-def _tool_token(job: Job, started: list[bool], i: int, text: str) -> bytes:
-    """A token's events in tool mode, after choice ``i``'s role event if it is the first."""
-    head = b"" if started[i] else job.role_event(i)
-    started[i] = True
-    return head + job.tool_event(text, i)
-
-
-def _choice_end(
-    job: Job, i: int, ev: p.EosEvent | p.CompletionEvent, started: bool, usages: list
-) -> list[bytes | str]:
-    """The chunks that end choice ``i`` (its role if it sent nothing yet, text held back, the
-    finish reason); its usage joins ``usages``, and once every choice ended the usage chunk
-    (if asked for) and ``[DONE]`` follow."""
-    out: list[bytes | str] = []
-    if not started and job.kind == "chat":
-        out.append(job.chunk([job.delta("", role=True, index=i)]))
-    tail = job.echo if not started and job.kind == "text" else None
-    reason = ev.reason
-    if job.tool_mode is not None:
-        held, reason = job.tool_finish(i, reason)
-        if held:
-            out.append(held)
-    out.append(job.chunk([job.delta(tail, reason, index=i)]))
-    usages.append(ev.usage)
-    if len(usages) == job.n:
-        if job.include_usage:
-            out.append(job.chunk([], usage_dict(total_usage(usages))))
-        out.append("[DONE]")
-    return out

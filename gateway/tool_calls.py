@@ -163,3 +163,13 @@ class ToolCallParser:
     def complete_calls(self) -> list[Call]:
         """The calls given out: complete (one cut short by max_tokens is not) and distinct."""
         return self.given if self.mode != "text" else []
+
+
+def read_calls(text: str, forced: bool) -> tuple[str | None, list[Call]]:
+    """A whole answer read as its stream would be: the content (None once a call was made or
+    had to be: never markup as content) and the complete calls given out."""
+    parser = ToolCallParser(forced=forced)
+    deltas = parser.feed(text) + parser.finish()
+    content = "".join(d.get("content", "") for d in deltas)
+    called = bool(parser.calls) or forced
+    return (content or None) if called else content, parser.complete_calls

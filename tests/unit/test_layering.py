@@ -57,6 +57,8 @@ def test_policy_is_pure() -> None:
 def test_clients_and_gateway_use_only_the_protocol_from_core(folder: str) -> None:
     allowed = {"uma_serve.core", "uma_serve.core.protocol", "uma_serve.core.protocol.p"}
     allowed |= {"uma_serve.core.logfmt", "uma_serve.core.logfmt.FORMATS"}  # one log format
+    if folder == "gateway":  # the core's limits, checked before a request is sent
+        allowed |= {"uma_serve.core.limits"}
     if folder == "clients":  # where the socket is, and who may serve it
         allowed |= {"uma_serve.core.socket_path"}
         allowed |= {f"uma_serve.core.socket_path.{n}" for n in ("check_peer", "default_socket")}
