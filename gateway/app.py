@@ -30,9 +30,8 @@ from uma_serve.gateway.errors import (
     unhandled_handler,
 )
 from uma_serve.gateway.intake import Inflight
-from uma_serve.gateway.lenient import IgnoredFieldsHeader
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
-from uma_serve.gateway.request_id import RequestIdMiddleware
+from uma_serve.gateway.request_id import ResponseHeaders
 from uma_serve.gateway.router import RouteMiddleware, Router, Routing
 
 
@@ -132,8 +131,7 @@ def _middleware(settings: Settings, metrics: GatewayMetrics) -> list[Middleware]
     """The middleware stack, outermost first (the module's docstring says why this order)."""
     middleware = [
         Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
-        Middleware(RequestIdMiddleware),
-        Middleware(IgnoredFieldsHeader),
+        Middleware(ResponseHeaders),
     ]
     if len(settings.core_sockets) > 1:
         middleware.append(Middleware(RouteMiddleware))

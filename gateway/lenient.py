@@ -23,7 +23,6 @@ from uma_serve.gateway.errors import ApiError
 from uma_serve.gateway.nesting import deep_param, too_deep
 
 log = logging.getLogger("uma.gateway")
-HEADER = "X-UMA-Ignored-Fields"
 UNKNOWN = "unknown field `"  # msgspec's wording for a field no Struct defines
 _INDEX = re.compile(r"\[\d+\]")
 _logged: set[str] = set()
@@ -103,27 +102,3 @@ def sampling_extras(req: Any) -> dict[str, Any]:
     if penalty is not None:
         out["repeat_penalty"] = penalty
     return out
-
-
-class IgnoredFieldsHeader:
-    """ASGI middleware: a response to a request whose unknown fields were ignored carries
-    their names in ``X-UMA-Ignored-Fields`` (set by the route in the request's state)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_header(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                names = scope.get("state", {}).get("ignored_fields")
-                if names:
-                    value = ", ".join(names).encode("latin-1", "replace")[:4096]
-                    headers = [*message.get("headers", []), (HEADER.lower().encode(), value)]
-                    message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_header)

@@ -1,6 +1,8 @@
-"""X-Request-Id on every response: the completion's id where a route names one (so a log line,
-a client's report and the core's request id meet), else the caller's own X-Request-Id, else a
-fresh one."""
+"""The headers a response carries from its request's state, added by one middleware:
+X-Request-Id on every response (the completion's id where a route names one, so that a log
+line, a client's report and the core's request id meet; else the caller's own X-Request-Id,
+else a fresh one) and X-UMA-Ignored-Fields where unknown request fields were ignored
+(gateway/lenient.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from contextvars import ContextVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-request-id"
+IGNORED_HEADER = b"x-uma-ignored-fields"
 # the request id of the request this task serves, read when a line is logged (RequestIdFilter)
 CURRENT: ContextVar[Callable[[], bytes] | None] = ContextVar("uma_request_id", default=None)
 
 
-class RequestIdMiddleware:
+class ResponseHeaders:
     """Pure ASGI (no body buffering, safe for SSE)."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -33,8 +36,13 @@ class RequestIdMiddleware:
             rid = (scope.get("state") or {}).get("request_id")
             return rid.encode() if rid else fallback
 
+        def ignored_fields() -> bytes | None:
+            names = (scope.get("state") or {}).get("ignored_fields")
+            return ", ".join(names).encode("latin-1", "replace")[:4096] if names else None
+
         CURRENT.set(request_id)  # this request's task (uvicorn runs one per request) only
-        await self.app(scope, receive, with_header(send, HEADER, request_id))
+        headers = [(HEADER, request_id), (IGNORED_HEADER, ignored_fields)]
+        await self.app(scope, receive, with_headers(send, headers))
 
 
 class RequestIdFilter(logging.Filter):
@@ -48,16 +56,22 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-def with_header(send: Send, name: bytes, value: Callable[[], bytes | None]) -> Send:
-    """``send`` that adds ``name: value()`` to the response's head, unless the app set it or
-    ``value()`` is None (read when the head is sent: the route has run by then)."""
+def with_headers(send: Send, headers: list[tuple[bytes, Callable[[], bytes | None]]]) -> Send:
+    """``send`` that adds each ``name: value()`` to the response's head, unless the app set it
+    or ``value()`` is None (read when the head is sent: the route has run by then)."""
 
-    async def send_with_header(message: Message) -> None:
+    async def send_with_headers(message: Message) -> None:
         if message["type"] == "http.response.start":
-            headers = list(message.get("headers") or [])
-            v = value()
-            if v is not None and not any(k.lower() == name for k, _ in headers):
-                message = {**message, "headers": [*headers, (name, v)]}
+            out = list(message.get("headers") or [])
+            given = {k.lower() for k, _ in out}
+            for name, value in headers:
+                if name not in given and (v := value()) is not None:
+                    out.append((name, v))
+            message = {**message, "headers": out}
         await send(message)
 
-    return send_with_header
+    return send_with_headers
+
+
+def with_header(send: Send, name: bytes, value: Callable[[], bytes | None]) -> Send:
+    return with_headers(send, [(name, value)])
