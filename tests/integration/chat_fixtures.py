@@ -3,7 +3,7 @@ real umad and gateway, for the tests whose point is a sensible answer (tool loop
 ``--deterministic``: a request's greedy output depends on it alone, so a streamed and a whole
 request can be compared token for token.
 
-Test modules pull these in with ``from .chat_fixtures import *``.
+conftest.py registers these for every module.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from uma_serve.core.config import chat_model_path
 
-from .gateway_fixtures import Gateway, start_gateway
+from .gateway_helpers import Gateway, start_gateway
 from .helpers import Daemon, start_daemon
 
 __all__ = ["chat_core", "chat_gateway", "chat_model"]

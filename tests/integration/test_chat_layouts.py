@@ -12,8 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import Gateway, start_gateway
+from .gateway_helpers import Gateway, start_gateway
 from .helpers import VENV_BIN, Daemon, start_daemon
 
 CALL = {

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from .gateway_fixtures import free_port
+from .gateway_helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 ROOT = Path(__file__).resolve().parents[2]

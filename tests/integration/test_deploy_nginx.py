@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .gateway_fixtures import Gateway, free_port, start_gateway
+from .gateway_helpers import Gateway, free_port, start_gateway
 from .helpers import Daemon, start_daemon
 
 CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "uma.conf"

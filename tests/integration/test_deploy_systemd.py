@@ -17,7 +17,7 @@ import pytest
 
 from uma_serve.core import protocol as p
 
-from .gateway_fixtures import start_gateway
+from .gateway_helpers import start_gateway
 from .helpers import gen, start_daemon
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -13,8 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import API_KEYS
+from .gateway_helpers import API_KEYS
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import anthropic
 import pytest
 
-from .gateway_fixtures import Gateway, start_gateway
+from .gateway_helpers import Gateway, start_gateway
 
 WEATHER = {
     "name": "get_weather",

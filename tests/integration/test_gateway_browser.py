@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .gateway_fixtures import free_port, start_gateway
+from .gateway_helpers import free_port, start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / ".venv" / "js" / "node_modules" / "openai"

@@ -17,8 +17,6 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, StringConstraints
 
-from .gateway_fixtures import *  # noqa: F403
-
 Word = Annotated[str, StringConstraints(max_length=10)]
 
 

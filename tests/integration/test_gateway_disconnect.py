@@ -12,8 +12,7 @@ import pytest
 from conftest import start_daemon
 from prometheus_client.parser import text_string_to_metric_families
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import core_metrics, start_gateway, wait_idle
+from .gateway_helpers import core_metrics, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 

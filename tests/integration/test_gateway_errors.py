@@ -13,8 +13,7 @@ import openai
 import pytest
 from conftest import start_daemon
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import API_KEYS, start_gateway, wait_idle
+from .gateway_helpers import API_KEYS, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,7 @@ import openai
 import pytest
 from conftest import start_daemon
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import Gateway, start_gateway, wait_idle
+from .gateway_helpers import Gateway, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 

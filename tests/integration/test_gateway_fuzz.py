@@ -16,8 +16,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import start_gateway, wait_idle
+from .gateway_helpers import start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,7 @@ import json
 import httpx
 import pytest
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import wait_idle
+from .gateway_helpers import wait_idle
 
 pytestmark = pytest.mark.integration
 

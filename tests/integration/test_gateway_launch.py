@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from .gateway_fixtures import free_port
+from .gateway_helpers import free_port
 
 pytestmark = pytest.mark.integration
 

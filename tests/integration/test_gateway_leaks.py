@@ -15,8 +15,7 @@ import pytest
 
 from uma_serve.core import protocol as p
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import start_gateway
+from .gateway_helpers import start_gateway
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import Gateway, start_gateway
+from .gateway_helpers import Gateway, start_gateway
 from .helpers import Daemon, gen, start_daemon
 
 PROMPT = "The list of colors: red, blue, green, red, blue, green, red,"

@@ -9,8 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import Gateway, start_gateway
+from .gateway_helpers import Gateway, start_gateway
 
 
 @pytest.fixture(scope="module")

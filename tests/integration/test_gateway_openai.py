@@ -11,8 +11,7 @@ import pytest
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import core_metrics
+from .gateway_helpers import core_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -43,8 +42,11 @@ def test_completion_whole(sdk, model_id):
 
 
 def test_completion_default_max_tokens_is_16(sdk, model_id):
-    r = sdk.completions.create(model=model_id, prompt="Count: 1, 2, 3,", temperature=0)
-    assert r.usage.completion_tokens <= 16
+    """OpenAI's default for /v1/completions; ignore_eos: the answer runs to the limit."""
+    r = sdk.completions.create(
+        model=model_id, prompt="Count: 1, 2, 3,", temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
 
 
 def test_completion_stream_matches_whole(sdk, model_id):
@@ -239,16 +241,27 @@ def test_n_choices_sampled_differ_and_errors_before_a_token(sdk, model_id):
     assert err.value.param == "n"
 
 
-def test_chat_stop_sequence_and_qos(gateway, model_id):
-    client = gateway.client(default_headers={"X-UMA-QoS": "background"})
-    r = client.chat.completions.create(
+def test_chat_stop_sequence_and_qos(gateway, umad, model_id):
+    """With the greedy answer's second word as ``stop``, the same request's answer ends just
+    before it, as "stop". Its X-UMA-QoS header reaches the core: its first token counts as
+    background."""
+    kw = dict(
         model=model_id,
-        messages=[{"role": "user", "content": "List the numbers 1 to 10 separated by commas."}],
+        messages=[{"role": "user", "content": "List the numbers 1 to 10."}],
         max_tokens=24,
         temperature=0,
-        stop=[","],
     )
-    assert "," not in r.choices[0].message.content
+    plain = gateway.client().chat.completions.create(**kw).choices[0].message.content
+    words = plain.split()
+    assert len(words) >= 2, plain
+    client = gateway.client(default_headers={"X-UMA-QoS": "background"})
+    before = ttft_counts(umad)
+    r = client.chat.completions.create(**kw, stop=[words[1]])
+    after = ttft_counts(umad)
+    assert r.choices[0].message.content == plain[: plain.index(words[1])]
+    assert r.choices[0].finish_reason == "stop"
+    assert after["background"] == before["background"] + 1
+    assert after["interactive"] == before["interactive"]
 
 
 def ttft_counts(umad) -> dict[str, int]:

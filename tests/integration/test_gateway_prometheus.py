@@ -15,8 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import free_port, start_gateway, wait_idle
+from .gateway_helpers import free_port, start_gateway, wait_idle
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -23,7 +23,7 @@ import openai
 
 from uma_serve.gateway.router import rank
 
-from .gateway_fixtures import VENV_BIN, Gateway, core_metrics, start_gateway
+from .gateway_helpers import VENV_BIN, Gateway, core_metrics, start_gateway
 from .helpers import Daemon, start_daemon
 
 CORE_ARGS = ("--threads", "1", "--n-ctx", "4096", "--seed", "1234")

@@ -8,8 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from uma_serve.gateway import openai_schema as schema, routes
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import start_gateway
+from .gateway_helpers import start_gateway
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import httpx
 
-from .gateway_fixtures import *  # noqa: F403
-
 
 def test_tokenize_and_detokenize_round_trip(gateway, sdk, model_id) -> None:
     text = "Hello, world! <end_of_turn> é"

@@ -11,8 +11,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .gateway_fixtures import *  # noqa: F403
-
 pytestmark = pytest.mark.integration
 
 

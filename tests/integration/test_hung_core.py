@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from .gateway_fixtures import start_gateway
+from .gateway_helpers import start_gateway
 from .helpers import start_daemon
 
 pytestmark = pytest.mark.integration

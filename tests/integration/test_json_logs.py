@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from .gateway_fixtures import start_gateway
+from .gateway_helpers import start_gateway
 from .helpers import start_daemon
 
 pytestmark = pytest.mark.integration

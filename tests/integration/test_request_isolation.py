@@ -14,8 +14,7 @@ import pytest
 from uma_serve.clients.client import E_TOO_BIG, AsyncUmaClient, CoreError
 from uma_serve.core import protocol as p
 
-from .gateway_fixtures import *  # noqa: F403
-from .gateway_fixtures import API_KEYS, core_metrics, start_gateway, wait_idle
+from .gateway_helpers import API_KEYS, core_metrics, start_gateway, wait_idle
 from .helpers import gen
 
 pytestmark = pytest.mark.integration

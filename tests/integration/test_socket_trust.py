@@ -21,7 +21,7 @@ import pytest
 from uma_serve.clients import UmaClient
 from uma_serve.core.socket_path import UntrustedSocketError
 
-from .gateway_fixtures import start_gateway
+from .gateway_helpers import start_gateway
 from .helpers import VENV_BIN, Daemon
 
 pytestmark = pytest.mark.integration

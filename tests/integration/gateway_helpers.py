@@ -1,8 +1,5 @@
-"""Gateway fixtures: the real uma-gateway under uvicorn on a free port, over the session's umad.
-
-Test modules pull these in with ``from gateway_fixtures import *``. One plain gateway and one
-strict gateway (auth on, one request in flight, small body limit) serve the whole session.
-"""
+"""Gateway helpers: the real uma-gateway started under uvicorn on a free port, and the core's
+metrics read over its socket. The session's gateways are fixtures in conftest.py."""
 
 from __future__ import annotations
 
@@ -12,31 +9,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from uma_serve.clients.client import AsyncUmaClient
 
 VENV_BIN = Path(sys.executable).parent
 API_KEYS = ("test-key-one", "test-key-two")
-
-__all__ = [
-    "API_KEYS",
-    "Gateway",
-    "core_metrics",
-    "free_port",
-    "gateway",
-    "model_id",
-    "sdk",
-    "start_gateway",
-    "strict_gateway",
-    "wait_idle",
-]
 
 
 def free_port() -> int:
@@ -123,29 +106,3 @@ def wait_idle(socket_path: str, timeout: float = 20.0) -> dict:
         if time.monotonic() > deadline:
             return m
         time.sleep(0.1)
-
-
-@pytest.fixture(scope="session")
-def gateway(umad) -> Iterator[Gateway]:
-    gw = start_gateway(umad.socket)
-    yield gw
-    gw.stop()
-
-
-@pytest.fixture(scope="session")
-def strict_gateway(umad) -> Iterator[Gateway]:
-    """Auth on (two keys), one generation in flight at most, 64 KiB bodies."""
-    keys = [a for k in API_KEYS for a in ("--api-key", k)]
-    gw = start_gateway(umad.socket, *keys, "--max-inflight", "1", "--max-body-bytes", "65536")
-    yield gw
-    gw.stop()
-
-
-@pytest.fixture(scope="session")
-def sdk(gateway) -> OpenAI:
-    return gateway.client()
-
-
-@pytest.fixture(scope="session")
-def model_id(sdk) -> str:
-    return sdk.models.list().data[0].id
