@@ -15,6 +15,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import msgspec
+
 from uma_serve.core import protocol as p
 from uma_serve.core.socket_path import check_peer, default_socket
 
@@ -26,6 +28,10 @@ _FINAL = (p.EosEvent, p.CompletionEvent, p.ErrorEvent)
 E_TOO_BIG = "E_CLIENT_001"
 # the client's own code (not the core's): a frame from the core that does not decode
 E_BAD_REPLY = "E_BAD_REPLY"
+# the requests answered by one event (no generation)
+AdminRequest = (
+    p.InfoRequest | p.HealthRequest | p.MetricsRequest | p.TokenizeRequest | p.DetokenizeRequest
+)
 
 
 class CoreError(Exception):
@@ -181,11 +187,15 @@ class AsyncUmaClient:
         await self._send(p.Cancel(id=request_id))
 
     async def _admin(self, kind: type, **kw: Any) -> Any:
+        return await self.ask(kind(**kw))
+
+    async def ask(self, request: AdminRequest) -> p.Event:
+        """One admin request (its id is set here) and the event that answers it."""
         rid = next(self._admin_ids)
         queue: asyncio.Queue[p.Event | CoreError] = asyncio.Queue()
         self._queues[rid] = queue
         try:
-            await self._send(kind(**kw, id=rid))
+            await self._send(msgspec.structs.replace(request, id=rid))
             item = await queue.get()
         finally:
             self._queues.pop(rid, None)

@@ -14,13 +14,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
-from uma_serve.clients.client import AsyncUmaClient, CoreError
+from uma_serve.clients.client import E_BAD_REPLY, AdminRequest, AsyncUmaClient, CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway.errors import E_CONNECT
 
 log = logging.getLogger("uma.gateway")
+E = TypeVar("E", bound=p.Event)
 
 
 class CorePool:
@@ -85,12 +86,17 @@ class CorePool:
         except CoreError as exc:
             log.info("core not reachable at start-up: %s", exc.message)
 
-    async def _admin(self, name: str, *args: Any, **kw: Any) -> Any:
+    async def ask(self, request: AdminRequest, answer: type[E]) -> E:
+        """One admin request on a pooled connection, and its answer, of type ``answer``."""
         client = await self.client()
+        what = request.__struct_config__.tag
         try:
-            return await asyncio.wait_for(getattr(client, name)(*args, **kw), self.admin_timeout)
+            reply = await asyncio.wait_for(client.ask(request), self.admin_timeout)
         except TimeoutError:
-            raise CoreError(E_CONNECT, f"the core did not answer {name} in time") from None
+            raise CoreError(E_CONNECT, f"the core did not answer {what} in time") from None
+        if not isinstance(reply, answer):
+            raise CoreError(E_BAD_REPLY, f"the core answered {what} with {type(reply).__name__}")
+        return reply
 
     async def info(self) -> p.InfoEvent:
         """The core's info (routes read it on every request). Fetched once per connection to
@@ -107,7 +113,7 @@ class CorePool:
         return await self._fetch_info()
 
     async def _fetch_info(self) -> p.InfoEvent:
-        self._info, self._info_at = await self._admin("info"), time.monotonic()
+        self._info, self._info_at = await self.ask(p.InfoRequest(), p.InfoEvent), time.monotonic()
         return self._info
 
     async def _refresh_info(self) -> None:
@@ -119,16 +125,10 @@ class CorePool:
             self._info_refresh = None
 
     async def health(self) -> p.HealthEvent:
-        return await self._admin("health")
+        return await self.ask(p.HealthRequest(), p.HealthEvent)
 
     async def metrics(self) -> dict[str, Any]:
-        return await self._admin("metrics")
-
-    async def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
-        return await self._admin("tokenize", content, **kw)
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        return await self._admin("detokenize", tokens)
+        return (await self.ask(p.MetricsRequest(), p.MetricsEvent)).metrics
 
     async def stream(self, request: p.Generate) -> AsyncIterator[p.Event]:
         """The request's events; one retry on a fresh connection if the first send failed.

@@ -95,11 +95,10 @@ async def tokenize(request: Request) -> Response:
     if over := limits.over_prompt_bytes(len(req.content.encode()), limit):
         raise over_limit(over, {"prompt": "content"})
     flags = {"add_special": req.add_special, "parse_special": req.parse_special}
+    ask = p.TokenizeRequest(content=req.content, with_pieces=req.with_pieces, **flags)
     try:
         with counted(request):
-            ev = await request.app.state.router.tokenize(
-                req.content, with_pieces=req.with_pieces, **flags
-            )
+            ev = await request.app.state.router.ask(ask, p.TokensEvent)
     except CoreError as exc:
         raise from_core_error(exc, "content") from None
     if ev.pieces is None:
@@ -119,7 +118,8 @@ async def detokenize(request: Request) -> Response:
         raise bad_request(message, "tokens", "invalid_value")
     try:
         with counted(request):
-            content = await request.app.state.router.detokenize(req.tokens)
+            ask = p.DetokenizeRequest(tokens=req.tokens)
+            content = (await request.app.state.router.ask(ask, p.TextEvent)).content
     except CoreError as exc:
         err = from_core_error(exc, "tokens")
         if exc.code == p.E_PROTO:

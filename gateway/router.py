@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from uma_serve.clients.client import CoreError
+from uma_serve.clients.client import AdminRequest, CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway import liveness
-from uma_serve.gateway.core_pool import CorePool
+from uma_serve.gateway.core_pool import CorePool, E
 from uma_serve.gateway.errors import E_CONNECT
 from uma_serve.gateway.prom import CoreSnapshot
 from uma_serve.gateway.request_id import with_header
@@ -312,12 +312,12 @@ class Router:
         assert last is not None
         raise last
 
-    async def _any(self, name: str, *args: Any, **kw: Any) -> Any:
+    async def ask(self, request: AdminRequest, answer: type[E]) -> E:
         """An admin request answered by one live core (all serve the same model)."""
         last: CoreError | None = None
         for core in sorted(self.cores, key=lambda c: not c.up):
             try:
-                return await getattr(core.pool, name)(*args, **kw)
+                return await core.pool.ask(request, answer)
             except CoreError as exc:
                 if exc.code not in (p.E_PROTO, p.E_LIMIT):  # the request's fault, not the core's
                     self.mark_down(core, exc.message)
@@ -326,12 +326,6 @@ class Router:
                 raise
         assert last is not None
         raise last
-
-    async def tokenize(self, content: str, **kw: bool) -> p.TokensEvent:
-        return await self._any("tokenize", content, **kw)
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        return await self._any("detokenize", tokens)
 
     async def fresh_infos(self) -> list[p.InfoEvent]:
         """Every live core's info asked now; CoreError when none answers."""

@@ -264,11 +264,11 @@ def test_core_info_is_refreshed_in_the_background():
         pool = CorePool("/nonexistent.sock", info_ttl=0.0)
         answers = iter(["first", "second", "third", "fourth"])
 
-        async def admin(name: str) -> p.InfoEvent:
+        async def ask(request: p.InfoRequest, answer: type) -> p.InfoEvent:
             await asyncio.sleep(0.01)
             return info(next(answers))
 
-        pool._admin = admin  # type: ignore[method-assign]
+        pool.ask = ask  # type: ignore[method-assign,assignment]
         seen = [(await pool.info()).model]  # nothing cached: waits for the core
         seen.append((await pool.info()).model)  # stale: answered at once, refresh started
         await asyncio.sleep(0.05)
