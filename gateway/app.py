@@ -32,7 +32,7 @@ from uma_serve.gateway.errors import (
 from uma_serve.gateway.intake import Inflight
 from uma_serve.gateway.prom import GatewayMetrics, HttpMetricsMiddleware
 from uma_serve.gateway.request_id import ResponseHeaders
-from uma_serve.gateway.router import RouteMiddleware, Router, Routing
+from uma_serve.gateway.router import Router, Routing
 
 
 @dataclass
@@ -131,10 +131,8 @@ def _middleware(settings: Settings, metrics: GatewayMetrics) -> list[Middleware]
     """The middleware stack, outermost first (the module's docstring says why this order)."""
     middleware = [
         Middleware(HttpMetricsMiddleware, metrics=metrics, routes=KNOWN_PATHS),
-        Middleware(ResponseHeaders),
+        Middleware(ResponseHeaders, routed=len(settings.core_sockets) > 1),
     ]
-    if len(settings.core_sockets) > 1:
-        middleware.append(Middleware(RouteMiddleware))
     if settings.cors_origins:
         middleware.append(
             Middleware(

@@ -1,8 +1,9 @@
 """The headers a response carries from its request's state, added by one middleware:
 X-Request-Id on every response (the completion's id where a route names one, so that a log
 line, a client's report and the core's request id meet; else the caller's own X-Request-Id,
-else a fresh one) and X-UMA-Ignored-Fields where unknown request fields were ignored
-(gateway/lenient.py)."""
+else a fresh one), X-UMA-Ignored-Fields where unknown request fields were ignored
+(gateway/lenient.py), and with several cores X-UMA-Core, the core that answered (its
+RouteNote, which also carries the X-Session-Id header in: gateway/router.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from uma_serve.gateway.router import CORE_HEADER, NOTE, SESSION_HEADER, RouteNote
+
 HEADER = b"x-request-id"
 IGNORED_HEADER = b"x-uma-ignored-fields"
 # the request id of the request this task serves, read when a line is logged (RequestIdFilter)
@@ -20,17 +23,19 @@ CURRENT: ContextVar[Callable[[], bytes] | None] = ContextVar("uma_request_id", d
 
 
 class ResponseHeaders:
-    """Pure ASGI (no body buffering, safe for SSE)."""
+    """Pure ASGI (no body buffering, safe for SSE). ``routed``: several cores (X-UMA-Core)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, routed: bool = False) -> None:
         self.app = app
+        self.routed = routed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(HEADER, b"")
-        fallback = given[:200] if given.isascii() and given else f"req-{uuid.uuid4().hex}".encode()
+        given = dict(scope.get("headers") or [])
+        rid = given.get(HEADER, b"")
+        fallback = rid[:200] if rid.isascii() and rid else f"req-{uuid.uuid4().hex}".encode()
 
         def request_id() -> bytes:
             rid = (scope.get("state") or {}).get("request_id")
@@ -42,7 +47,20 @@ class ResponseHeaders:
 
         CURRENT.set(request_id)  # this request's task (uvicorn runs one per request) only
         headers = [(HEADER, request_id), (IGNORED_HEADER, ignored_fields)]
-        await self.app(scope, receive, with_headers(send, headers))
+        if not self.routed:
+            await self.app(scope, receive, with_headers(send, headers))
+            return
+        session = given.get(SESSION_HEADER)
+        note = RouteNote(session=session.decode("latin-1") if session else None)
+        token = NOTE.set(note)
+
+        def core() -> bytes | None:
+            return note.core.encode() if note.core is not None else None
+
+        try:
+            await self.app(scope, receive, with_headers(send, [*headers, (CORE_HEADER, core)]))
+        finally:
+            NOTE.reset(token)
 
 
 class RequestIdFilter(logging.Filter):
@@ -71,7 +89,3 @@ def with_headers(send: Send, headers: list[tuple[bytes, Callable[[], bytes | Non
         await send(message)
 
     return send_with_headers
-
-
-def with_header(send: Send, name: bytes, value: Callable[[], bytes | None]) -> Send:
-    return with_headers(send, [(name, value)])

@@ -30,15 +30,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from uma_serve.clients.client import AdminRequest, CoreError
 from uma_serve.core import protocol as p
 from uma_serve.gateway import liveness
 from uma_serve.gateway.core_pool import CorePool, E
 from uma_serve.gateway.errors import E_CONNECT
 from uma_serve.gateway.prom import CoreSnapshot
-from uma_serve.gateway.request_id import with_header
 
 log = logging.getLogger("uma.gateway")
 
@@ -67,30 +64,6 @@ def note_session(user: str | None) -> None:
     note = NOTE.get()
     if note is not None and note.session is None and user:
         note.session = user
-
-
-class RouteMiddleware:
-    """Pure ASGI: a RouteNote per request (its X-Session-Id), and ``X-UMA-Core`` on the
-    response naming the core that answered. Installed only when there are several cores."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        session = dict(scope.get("headers") or []).get(SESSION_HEADER)
-        note = RouteNote(session=session.decode("latin-1") if session else None)
-        token = NOTE.set(note)
-
-        def core() -> bytes | None:
-            return note.core.encode() if note.core is not None else None
-
-        try:
-            await self.app(scope, receive, with_header(send, CORE_HEADER, core))
-        finally:
-            NOTE.reset(token)
 
 
 def affinity_key(gen: p.Generate, session: str | None, chars: int) -> bytes:
