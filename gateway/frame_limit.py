@@ -7,7 +7,7 @@ limit is the core's own (its ``info``); the field that made the frame big is nam
 
 from __future__ import annotations
 
-from uma_serve.core import protocol as p
+from uma_serve.core import limits, protocol as p
 from uma_serve.gateway.errors import ApiError
 
 
@@ -31,8 +31,5 @@ def check_frame(gen: p.Generate, n: int, limit: int, grammar_param: str, text_pa
     if size <= limit:
         return
     grammar = len(gen.grammar.encode()) if gen.grammar else 0
-    if gen.messages is not None:
-        text = sum(len(m.content.encode()) for m in gen.messages)
-    else:
-        text = len((gen.prompt or "").encode())
+    text = limits.prompt_bytes(gen)
     raise too_big(size, limit, grammar_param if grammar >= text else text_param)
