@@ -318,9 +318,10 @@ class Scheduler:
             return 0.0
         t0 = time.perf_counter()
         ended, self._ended = self._ended, []  # taken first: a failure is not met again
+        running = sum(s.n_past for s in self.running.values())
         for seq, reason in ended:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
-                self._prefix.store(seq)
+                self._prefix.store(seq, running)
             self.runtime.seq_clear(seq.seq_id)
             self._queue.release(seq.seq_id)
         return time.perf_counter() - t0

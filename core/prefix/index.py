@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 BLOCK = 32  # tokens per hashed block
 MIN_STORE = 16  # shorter finished sequences are not worth an entry
 GHOST_BLOCKS = 8192  # block hashes of evicted never-reused entries remembered (~0.5 MB)
+# cells never-reused entries may hold at least; beyond it, no more than the running sequences
+# hold: every resident cell costs every decode (llama.cpp's attention mask spans them all)
+ONE_SHOT_FLOOR = 4096
 
 
 def block_hashes(tokens: Sequence[int], n_blocks: int | None = None) -> list[int]:
@@ -145,11 +148,23 @@ class PrefixIndex:
 
     # ---- updates ----
 
-    def plan_store(self, tokens: Sequence[int], parent: int | None, shared: int) -> StorePlan:
+    @property
+    def one_shot_tokens(self) -> int:
+        """Cells held by entries never reused."""
+        return sum(
+            len(e) - (e.shared if e.parent in self.entries else 0)
+            for e in self.entries.values()
+            if e.hits == 0 and not e.pinned
+        )
+
+    def plan_store(
+        self, tokens: Sequence[int], parent: int | None, shared: int, running_cells: int = 0
+    ) -> StorePlan:
         """Decide how to keep ``tokens`` (a finished sequence's KV) and apply it to the index.
 
         ``parent``/``shared``: the entry the sequence's leading ``shared`` cells were copied
-        from at admission (None/0 if it computed its KV itself)."""
+        from at admission (None/0 if it computed its KV itself). ``running_cells``: what the
+        running sequences hold; never-reused entries hold no more (at least ONE_SHOT_FLOOR)."""
         tokens = list(tokens)
         if len(tokens) < MIN_STORE or len(tokens) > self.budget:
             return StorePlan(None)
@@ -171,9 +186,18 @@ class PrefixIndex:
                 evict.append(self._remove(e.cache_id))
         if parent not in self.entries:
             parent, shared = None, 0
-        # make room: an id, and the budget (the new entry adds its unshared cells)
+        # make room: an id, the budget (the new entry adds its unshared cells), and the
+        # one-shot room when the new entry is one-shot too
         own = len(tokens) - shared
-        while self._evictable() and (not self.free_ids or self.resident_tokens + own > self.budget):
+        one_shot_room = max(ONE_SHOT_FLOOR, running_cells)
+
+        def over() -> bool:
+            if not self.free_ids or self.resident_tokens + own > self.budget:
+                return True
+            one_shot = self.one_shot_tokens  # > 0: the next victim is one of them
+            return hits == 0 and one_shot > 0 and one_shot + own > one_shot_room
+
+        while self._evictable() and over():
             victim = self._victim()
             if victim.cache_id == parent:
                 parent, shared = victim.parent, min(shared, victim.shared)
@@ -181,7 +205,7 @@ class PrefixIndex:
                     shared = 0
                 own = len(tokens) - shared
             evict.append(self._evict(victim))
-        if not self.free_ids:
+        if not self.free_ids or (hits == 0 and own > one_shot_room):
             return StorePlan(None, evict)
         entry = Entry(self.free_ids.pop(), tokens, hashes, 0, parent, shared if parent else 0)
         entry.hits = hits

@@ -146,8 +146,9 @@ class PrefixStore:
             n += 1
         return n
 
-    def store(self, seq: Sequence) -> None:
-        """Keep a finished sequence's KV under a cache id (before its working id is cleared)."""
+    def store(self, seq: Sequence, running_cells: int = 0) -> None:
+        """Keep a finished sequence's KV under a cache id (before its working id is cleared);
+        ``running_cells``: the cells the running sequences hold (PrefixIndex.plan_store)."""
         parent: Entry | None = seq.cached_from
         if parent is not None and self._prefix.entries.get(parent.cache_id) is not parent:
             parent = None  # evicted since (its id may hold another entry now)
@@ -155,6 +156,7 @@ class PrefixStore:
             seq.kv_tokens(),
             parent.cache_id if parent else None,
             seq.cached_tokens if parent else 0,
+            running_cells,
         )
         for cache_id in plan.evict:
             self.runtime.seq_clear(cache_id)
@@ -249,8 +251,9 @@ class SnapshotStore:
     def holder(self, running: Collection[Sequence]) -> Callable[[Sequence], bool] | None:
         return None  # one request at a time: nobody computes a prefix for a follower
 
-    def store(self, seq: Sequence) -> None:
-        """Copy a finished sequence's KV out as a new entry (before its id is cleared)."""
+    def store(self, seq: Sequence, running_cells: int = 0) -> None:
+        """Copy a finished sequence's KV out as a new entry (before its id is cleared); entries
+        on the host cost the decodes nothing: ``running_cells`` is not needed."""
         plan = self._prefix.plan_store(seq.kv_tokens(), None, 0)
         for cache_id in plan.evict:
             self._kv.pop(cache_id, None)
