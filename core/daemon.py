@@ -48,7 +48,7 @@ def on_passing_thread(work: Callable[..., T], *args: object) -> T:
 def deterministic(config: cfg.Config) -> cfg.Config:
     """--deterministic's overrides: one request at a time, every decode within
     DETERMINISTIC_BATCH tokens (docs/MEMORY.md, "Reproducible greedy output")."""
-    if config.deterministic != "on":
+    if not config.deterministic:
         return config
     n = cfg.DETERMINISTIC_BATCH
     log.info("deterministic: one request at a time, decodes of 2..%d tokens", n)
@@ -60,7 +60,7 @@ def deterministic(config: cfg.Config) -> cfg.Config:
 def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> RuntimeParams:
     cache_tokens, cache_slots = cfg.prefix_cache_size(config)
     prefix_cache = cache_tokens > 0 and cache_slots > 0
-    det = config.deterministic == "on"
+    det = config.deterministic
     return RuntimeParams(
         model_path=config.model or cfg.default_model_path(),
         n_ctx=config.n_ctx,
@@ -127,7 +127,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     if not (runtime.params.n_seq_cache or runtime.params.deterministic):
         cache_tokens = 0
     tuner = None
-    if config.tuner == "on":
+    if config.tuner:
         tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
     holder: dict[str, CoreServer] = {}
     engine = Engine(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+from dataclasses import asdict, fields
+from typing import Any
 
 import uvicorn
 
@@ -32,15 +34,22 @@ def parser() -> argparse.ArgumentParser:
     _add_limit_arguments(ap)
     _add_behaviour_arguments(ap)
     _add_logging_arguments(ap)
+    ap.set_defaults(**settings_defaults())
     return ap
+
+
+def settings_defaults() -> dict[str, Any]:
+    """The defaults of the flags that set Settings are its own (one place); with no
+    --core-socket or --api-key, the environment decides (settings_from)."""
+    return {**asdict(Settings()), "core_sockets": None, "api_keys": None}
 
 
 def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
     """The cores behind the gateway and how requests are routed among them."""
     ap.add_argument(
         "--core-socket",
+        dest="core_sockets",
         action="append",
-        default=None,
         help="a core's Unix socket; repeat it to put several cores (one umad each) behind "
         "this gateway (env UMA_SOCKET, comma-separated; default umad's: "
         "$XDG_RUNTIME_DIR/uma/uma.sock, else /run/uma/uma.sock for root)",
@@ -48,14 +57,12 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--routing",
         choices=["affinity", "round-robin"],
-        default="affinity",
         help="with several cores: affinity (a session's or a prompt's start keeps its core, "
         "so the prefix cache hits) or round-robin",
     )
     ap.add_argument(
         "--affinity-chars",
         type=int,
-        default=512,
         help="with several cores and no session key (X-Session-Id header or OpenAI 'user'): "
         "the leading characters of a prompt, or of each chat message up to the first user "
         "message, that pick the core",
@@ -63,7 +70,6 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--balance-slack",
         type=int,
-        default=4,
         help="with several cores: the preferred core is passed over for the least-loaded one "
         "when it holds more than this many requests in flight beyond it",
     )
@@ -74,21 +80,18 @@ def _add_liveness_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--health-interval",
         type=float,
-        default=2.0,
         help="seconds between health checks of each core (with several cores, a core that "
         "fails leaves the rotation at once, and returns at the first check it passes)",
     )
     ap.add_argument(
         "--liveness-timeout",
         type=float,
-        default=5.0,
         help="seconds a core has to answer a health check; a core that does not is taken as "
         "hung: its connections are closed and requests get 503 at once until it answers",
     )
     ap.add_argument(
         "--first-event-timeout",
         type=float,
-        default=60.0,
         help="seconds a streamed request waits for the core's first event (its first token, "
         "queueing included); later: 503 core_timeout (0: no limit)",
     )
@@ -100,14 +103,14 @@ def _add_http_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     ap.add_argument(
         "--api-key",
+        dest="api_keys",
         action="append",
-        default=None,
         help="accepted bearer key for /v1/* (repeatable; env UMA_API_KEY, comma-separated)",
     )
     ap.add_argument(
         "--cors-origin",
+        dest="cors_origins",
         action="append",
-        default=[],
         help="origin allowed by CORS (repeatable; none by default; '*' for any)",
     )
 
@@ -117,16 +120,12 @@ def _add_limit_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--max-inflight",
         type=int,
-        default=64,
         help="generation requests held at once; more get 429 + Retry-After (0: no limit)",
     )
-    ap.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond)"
-    )
+    ap.add_argument("--max-body-bytes", type=int, help="largest request body (413 beyond)")
     ap.add_argument(
         "--body-timeout",
         type=float,
-        default=30.0,
         help="seconds a request body may take to arrive after its headers; later: 408 and the "
         "connection closes (0: no limit)",
     )
@@ -156,14 +155,12 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--shutdown-grace",
         type=float,
-        default=5.0,
         help="on SIGTERM, seconds running requests may finish; then a stream ends with an "
         "error chunk and [DONE], a request still waiting gets 503 shutting_down",
     )
     ap.add_argument(
         "--default-max-tokens",
         type=int,
-        default=512,
         help="a chat request's max_tokens when it sets none (capped at the core's --max-tokens)",
     )
     ap.add_argument(
@@ -172,11 +169,11 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
         help="/metrics also exports the families vLLM has under vLLM's own 'vllm:' names, for "
         "dashboards made for vLLM (off by default: promtool's lint flags the colon)",
     )
-    ap.add_argument("--pool-size", type=int, default=4, help="connections to the core")
+    ap.add_argument("--pool-size", type=int, help="connections to the core")
     ap.add_argument(
         "--served-model-name",
+        dest="served_model_names",
         action="append",
-        default=[],
         help="a name the model answers to (repeatable; the first is its id in /v1/models); "
         "the GGUF's internal name and its file's stem are accepted too",
     )
@@ -213,29 +210,12 @@ def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    keys = args.api_key if args.api_key is not None else env_list("UMA_API_KEY")
-    sockets = args.core_socket or env_list("UMA_SOCKET") or [DEFAULT_SOCKET]
-    return Settings(
-        core_sockets=sockets,
-        api_keys=keys,
-        cors_origins=args.cors_origin,
-        max_inflight=args.max_inflight,
-        max_body_bytes=args.max_body_bytes,
-        body_timeout=args.body_timeout,
-        shutdown_grace=args.shutdown_grace,
-        pool_size=args.pool_size,
-        default_max_tokens=args.default_max_tokens,
-        routing=args.routing,
-        affinity_chars=args.affinity_chars,
-        balance_slack=args.balance_slack,
-        health_interval=args.health_interval,
-        liveness_timeout=args.liveness_timeout,
-        first_event_timeout=args.first_event_timeout,
-        vllm_metric_names=args.vllm_metric_names,
-        strict_fields=args.strict_fields,
-        served_model_names=args.served_model_name,
-        strict_model_name=args.strict_model_name,
-    )
+    """Settings from the parsed flags, each field from its flag's ``dest`` of the same name."""
+    values = {f.name: getattr(args, f.name) for f in fields(Settings)}
+    if values["api_keys"] is None:
+        values["api_keys"] = env_list("UMA_API_KEY")
+    values["core_sockets"] = values["core_sockets"] or env_list("UMA_SOCKET") or [DEFAULT_SOCKET]
+    return Settings(**values)
 
 
 def main(argv: list[str] | None = None) -> None:
