@@ -102,7 +102,8 @@ def random_blocks(shape: tuple[int, ...], rng: np.random.Generator):  # -> (arra
     qtype = q4k if shape[-1] % 256 == 0 else q8
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rows = int(np.prod(shape[:-1]))
-    data = rng.integers(0, 256, size=(rows, shape[-1] // block, size), dtype=np.uint8)
+    n = rows * (shape[-1] // block) * size
+    data = np.frombuffer(rng.bytes(n), np.uint8).reshape(rows, shape[-1] // block, size).copy()
     scale = np.frombuffer(np.float16(2**-10).tobytes(), np.uint8)
     data[:, :, 0:2] = scale  # d (and dmin below): finite, small
     if qtype is q4k:
