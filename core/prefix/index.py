@@ -15,7 +15,9 @@ built on top of an earlier entry's prefix shares those cells. Each entry remembe
 and how many leading cells it shares with it; resident tokens count shared cells once.
 
 Eviction, when over the token budget or out of cache ids, weighs frequency before recency:
-entries never reused (a pasted document, answered once) go first, least recently used first;
+entries never reused (a pasted document, answered once) go first, a bulk request's before a
+chat turn's, least recently used first; together they hold no more cells than the running
+sequences (at least ONE_SHOT_FLOOR), since every resident cell costs every decode;
 entries that were reused, or that extend a reused prefix (a system prompt, a conversation's
 history, which every client re-sends each turn), only when no such entry is left. A
 conversation's turn is stored as an extension of the entry it reused and keeps its count, so
@@ -73,6 +75,7 @@ class Entry:
     shared: int = 0  # how many leading cells it shares with the parent
     pinned: bool = False  # --pin-prefix: never evicted, never superseded
     hits: int = 0  # times a request reused it (kept by the entry that extends it)
+    bulk: bool = False  # stored by a request whose prompt was bulk work (a pasted document)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -158,13 +161,19 @@ class PrefixIndex:
         )
 
     def plan_store(
-        self, tokens: Sequence[int], parent: int | None, shared: int, running_cells: int = 0
+        self,
+        tokens: Sequence[int],
+        parent: int | None,
+        shared: int,
+        running_cells: int = 0,
+        bulk: bool = False,
     ) -> StorePlan:
         """Decide how to keep ``tokens`` (a finished sequence's KV) and apply it to the index.
 
         ``parent``/``shared``: the entry the sequence's leading ``shared`` cells were copied
         from at admission (None/0 if it computed its KV itself). ``running_cells``: what the
-        running sequences hold; never-reused entries hold no more (at least ONE_SHOT_FLOOR)."""
+        running sequences hold; never-reused entries hold no more (at least ONE_SHOT_FLOOR).
+        ``bulk``: the request's prompt was bulk work; such entries go first."""
         tokens = list(tokens)
         if len(tokens) < MIN_STORE or len(tokens) > self.budget:
             return StorePlan(None)
@@ -208,7 +217,7 @@ class PrefixIndex:
         if not self.free_ids or (hits == 0 and own > one_shot_room):
             return StorePlan(None, evict)
         entry = Entry(self.free_ids.pop(), tokens, hashes, 0, parent, shared if parent else 0)
-        entry.hits = hits
+        entry.hits, entry.bulk = hits, bulk
         if entry.parent is None:
             entry.shared = 0
         self.touch(entry)
@@ -238,8 +247,9 @@ class PrefixIndex:
         return [e for e in self.entries.values() if not e.pinned]
 
     def _victim(self) -> Entry:
-        """The next entry to evict: never reused before reused, then least recently used."""
-        return min(self._evictable(), key=lambda e: (e.hits > 0, e.last_used))
+        """The next entry to evict: never reused before reused, a pasted document's before a
+        chat turn's (a conversation's first turn, not reused yet), least recently used first."""
+        return min(self._evictable(), key=lambda e: (e.hits > 0, not e.bulk, e.last_used))
 
     def evict_lru(self) -> int | None:
         """Drop the next victim (the engine clears its id); None if none."""

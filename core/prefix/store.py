@@ -157,6 +157,7 @@ class PrefixStore:
             parent.cache_id if parent else None,
             seq.cached_tokens if parent else 0,
             running_cells,
+            seq.bulk_prompt,
         )
         for cache_id in plan.evict:
             self.runtime.seq_clear(cache_id)

@@ -51,3 +51,15 @@ def test_a_small_cache_keeps_its_old_behaviour() -> None:
     for i in range(10):
         index.plan_store(doc(i), None, 0)
     assert index.resident_tokens == 4000
+
+
+def test_documents_go_before_a_conversations_first_turn() -> None:
+    """Between a conversation's first and second turn (its entry not reused yet), a storm of
+    pasted documents fills the one-shot room: the documents' entries go first."""
+    index = PrefixIndex(range(100, 164), budget_tokens=65536)
+    turn = index.plan_store(doc(0, 500), None, 0).entry
+    assert turn is not None
+    for i in range(1, 12):
+        index.plan_store(doc(i, 1200), None, 0, bulk=True)
+    assert index.lookup(doc(0, 500))[1] == 500
+    assert index.one_shot_tokens <= ONE_SHOT_FLOOR
