@@ -131,7 +131,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
     holder: dict[str, CoreServer] = {}
     engine = Engine(
-        runtime,
+        faults.wrap(runtime),
         build_policy(names),
         constraints(config, facts, spec_draft),
         sink=lambda batch: holder["server"].sink(batch),
@@ -142,7 +142,6 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         prefix_cache_tokens=cache_tokens,
         prefix_cache_slots=cache_slots,
         compute_nice=config.compute_nice,
-        fail_decode=faults.decode_fail,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()

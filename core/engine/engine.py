@@ -124,7 +124,6 @@ class Engine:
         prefix_cache_tokens: int = 0,
         prefix_cache_slots: int = 0,
         compute_nice: int = 0,
-        fail_decode: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.sink = sink
@@ -146,7 +145,7 @@ class Engine:
             prefix_cache_tokens=prefix_cache_tokens,
             prefix_cache_slots=prefix_cache_slots,
         )
-        self.executor = Executor(runtime, sampler, self._inbox, fail_decode)
+        self.executor = Executor(runtime, sampler, self._inbox)
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----

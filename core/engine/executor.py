@@ -16,7 +16,6 @@ from typing import Protocol
 from uma_serve.core import protocol as p
 from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.engine.tick import Batch, Failure, Sampled, TickResult
-from uma_serve.core.faults import DECODE_FAIL_RC
 from uma_serve.core.policy import BatchItem, Phase
 from uma_serve.core.runtime import Span
 from uma_serve.core.runtime.api import RuntimeApi
@@ -39,12 +38,10 @@ class Executor:
         runtime: RuntimeApi,
         sampler: Sampler,
         inbox: AbortWindow,
-        fail_decode: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.sampler = sampler
         self._inbox = inbox
-        self._fail_decode = fail_decode  # fault injection (core/faults.py), None in service
 
     def run(self, batch: Batch, meanwhile: Callable[[], float] = lambda: 0.0) -> TickResult:
         """Decode the batch; ``meanwhile`` runs while the device computes (on a GPU) and
@@ -54,8 +51,6 @@ class Executor:
         if batch.abortable:
             self._inbox.open_abort_window()
         rc, rows = self.runtime.decode(spans)
-        if self._fail_decode is not None and rc == 0 and self._faulty(batch):
-            rc = DECODE_FAIL_RC
         if batch.abortable:
             self._inbox.close_abort_window()
         freed_s = meanwhile()
@@ -97,10 +92,6 @@ class Executor:
             if j == len(drafts) or token != drafts[j]:
                 break
         return Sampled(tuple(tokens), tuple(lps))
-
-    def _faulty(self, batch: Batch) -> bool:
-        marker = self._fail_decode or ""
-        return any(marker in (seq.request.prompt or "") for seq in batch.seqs)
 
 
 def span(item: BatchItem, seq: Sequence) -> Span:
