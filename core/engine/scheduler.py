@@ -140,10 +140,12 @@ class Scheduler:
         state = self.snapshot(now)
         constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
         plan = self.policy.schedule_tick(state, constraints)
-        seqs = tuple(self.running[i.seq_id] for i in plan.items)
+        seqs = [self.running[i.seq_id] for i in plan.items]
+        spans = tuple(s.span(i) for s, i in zip(seqs, plan.items, strict=True))
+        draws = tuple(s.draw(i, sp) for s, i, sp in zip(seqs, plan.items, spans, strict=True))
         # a tick of bulk work only: a chat turn's arrival stops it (its chunk is redone later)
         abortable = all(s.work_class != INTERACTIVE for s in seqs)
-        return Batch(plan, state, seqs, abortable)
+        return Batch(plan, state, spans, draws, abortable)
 
     def _propose_drafts(self) -> None:
         if self._spec > 0:
@@ -165,7 +167,7 @@ class Scheduler:
             if result.failure is not None:
                 self._decode_failed(result.failure, result.rc, batch, out)
             else:
-                self._record_tick(result.ms, batch)
+                self._record_tick(result, batch)
                 self._advance(batch, result.sampled, out)
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
@@ -179,7 +181,8 @@ class Scheduler:
             if seq.seq_id not in served:
                 seq.burst = 0
         drafted: list[tuple[Sequence, int, Sampled]] = []
-        for item, seq, got in zip(batch.plan.items, batch.seqs, sampled, strict=True):
+        seqs = [self.running[item.seq_id] for item in batch.plan.items]
+        for item, seq, got in zip(batch.plan.items, seqs, sampled, strict=True):
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE and item.n_tokens > 1:
@@ -208,8 +211,9 @@ class Scheduler:
         self.metrics.spec_drafted_tokens_total += len(drafts)
         self.metrics.spec_accepted_tokens_total += accepted
 
-    def _record_tick(self, ms: float, batch: Batch) -> None:
-        self.learner.record(ms, batch.plan, batch.state, self.metrics)
+    def _record_tick(self, result: TickResult, batch: Batch) -> None:
+        self.learner.record(result.ms, batch.plan, batch.state, self.metrics)
+        self.metrics.observe_tick_parts(result.ms, result.sample_ms, result.overlap_ms)
         if self._max_prefill is not None:  # recover gradually after a failed decode
             doubled = self._max_prefill * 2
             self._max_prefill = doubled if doubled < self.constraints.n_batch else None
@@ -239,9 +243,8 @@ class Scheduler:
             self._fail(victim, "KV cache full: no slot for this sequence", now, out)
             return
         log.error("llama_decode returned %d: failing the batch's requests", rc)
-        for seq in batch.seqs:
-            if self.running.get(seq.seq_id) is seq:
-                self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
+        for seq in [self.running[item.seq_id] for item in plan.items]:
+            self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
 
     # ---- tokens and ends ----
 
@@ -311,19 +314,16 @@ class Scheduler:
         if send:
             out.append((seq.conn_id, seq.final_event(reason, now, detail)))
 
-    def release_ended(self) -> float:
-        """Cache finished sequences' prefixes, free their KV and ids; the seconds it took. Run
-        at the next decode's launch (a GPU computes meanwhile) or for an admission needing them."""
-        if not self._ended:
-            return 0.0
-        t0 = time.perf_counter()
+    def release_ended(self) -> int:
+        """Cache finished sequences' prefixes, free their KV and ids; how many. Run after the
+        next decode's launch (a GPU computes meanwhile) or for an admission needing them."""
         ended, self._ended = self._ended, []  # taken first: a failure is not met again
         for seq, reason in ended:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
                 self._prefix.store(seq)
             self.runtime.seq_clear(seq.seq_id)
             self._queue.release(seq.seq_id)
-        return time.perf_counter() - t0
+        return len(ended)
 
     def drain(self, detail: str, reason: str = "cancelled") -> list[Outgoing]:
         """End every request, waiting or running."""

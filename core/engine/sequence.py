@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 import msgspec
 
 from uma_serve.core import protocol as p
-from uma_serve.core.policy import Phase, SessionView
+from uma_serve.core.engine.tick import Draw
+from uma_serve.core.policy import BatchItem, Phase, SessionView
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
 from uma_serve.core.prefix.index import Entry
+from uma_serve.core.runtime import Span
 from uma_serve.core.sampling import SamplerState
 from uma_serve.core.spec.ngram import NgramIndex
 from uma_serve.core.textstream import TextStream
@@ -104,6 +106,25 @@ class Sequence:
             draft=self.draft,
             spec_accept_ewma=self.spec_accept_ewma,
         )
+
+    def span(self, item: BatchItem) -> Span:
+        """The tokens an item decodes: the pending token and its drafts, or a prompt chunk."""
+        n = item.n_tokens
+        if item.phase is Phase.DECODE:
+            assert self.next_token is not None
+            tokens = [self.next_token, *self.draft[: n - 1]]
+            return Span(self.seq_id, self.n_past, tokens, True, all_logits=len(tokens) > 1)
+        last = item.logits and self.n_past + n == len(self.prompt)
+        return Span(self.seq_id, self.n_past, self.prompt[self.n_past : self.n_past + n], last)
+
+    def draw(self, item: BatchItem, span: Span) -> Draw | None:
+        """How the item's logits are sampled (None: it has none): a drafted decode's drafts
+        are verified row by row."""
+        if not span.logits:
+            return None
+        assert self.sampler is not None
+        drafts = tuple(span.tokens[1:]) if item.phase is Phase.DECODE else ()
+        return Draw(self.sampler, self.request.logprobs, drafts)
 
     def kv_tokens(self) -> list[int]:
         """The tokens whose KV this sequence holds, in position order."""
