@@ -163,6 +163,10 @@ class PrefixStore:
         self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
         self.metrics.prefix_cache_entries = len(self._prefix.entries)
 
+    def can_evict(self) -> bool:
+        """Whether evict_for_room would free anything (an entry that is not pinned)."""
+        return any(not e.pinned for e in self._prefix.entries.values())
+
     def evict_for_room(self) -> bool:
         """Free cached prefixes (the KV is needed by running sequences): those never reused
         when there are any, else all of them."""
@@ -259,6 +263,10 @@ class SnapshotStore:
                 self.runtime.seq_trim(seq.seq_id, len(plan.entry))
             self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq.seq_id)
         self._update_metrics()
+
+    def can_evict(self) -> bool:
+        """Entries hold no KV cells: dropping them frees none."""
+        return False
 
     def evict_for_room(self) -> bool:
         """Entries hold no KV cells: dropping them frees none (False)."""
