@@ -37,7 +37,13 @@ from uma_serve.core.policy.work import INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.sampling import Sampler
-from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
+from uma_serve.core.spec.drafts import (
+    WorkloadAcceptance,
+    acceptance,
+    drafting,
+    proposal,
+    smoothed,
+)
 from uma_serve.core.spec.ngram import NgramIndex
 
 log = logging.getLogger("uma.engine")
@@ -91,8 +97,9 @@ class Scheduler:
         """Queue a request, classified by the prompt work it leaves once the prefix cache
         (or a running sequence) serves what it can: a conversation's next turn, which re-sends
         its whole history, is a chat turn (policy/work.py)."""
-        seq = Sequence(sub.key, sub.request, sub.prompt, sub.arrival_ns)
-        seq.prompt_hashes = sub.prompt_hashes or None
+        seq = Sequence(
+            sub.key, sub.request, sub.prompt, sub.arrival_ns, prompt_hashes=sub.prompt_hashes
+        )
         cached = 0
         if self._prefix is not None:
             cached = self._prefix.cached_length(seq, self.running.values())
@@ -127,7 +134,8 @@ class Scheduler:
             seq.sampler = self._sampler.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
             if self._prefix is not None:
-                self._prefix.reuse(seq, self.running.values())
+                seq.reused = self._prefix.reuse(seq, self.running.values())
+                seq.n_past = seq.reused.tokens
             seq.bulk_prompt = seq.pending_prefill > self.prompt_allowance()
             if self._spec > 0:
                 seq.ngrams = NgramIndex(seq.prompt)
@@ -160,10 +168,15 @@ class Scheduler:
         return Batch(plan, state, spans, draws, abortable)
 
     def _propose_drafts(self) -> None:
-        if self._spec > 0:
-            decoding = [s for s in self.running.values() if s.next_token is not None]
-            c = self.constraints
-            propose_drafts(decoding, self._spec, c.spec_max_streams, self.runtime.n_ctx_per_seq)
+        """Prompt-lookup drafts for the decoding sequences (core/spec/drafts.py)."""
+        if self._spec <= 0:
+            return
+        decoding = [s for s in self.running.values() if s.next_token is not None]
+        few = drafting(len(decoding), self.constraints.spec_max_streams)
+        n_ctx = self.runtime.n_ctx_per_seq
+        for s in decoding:
+            left = s.request.max_tokens - s.generated
+            s.draft = proposal(s.ngrams, self._spec, left, n_ctx - s.n_past) if few else ()
 
     def snapshot(self, now_ns: int) -> SchedulerState:
         """The running sequences as the policy sees them (no side effects)."""
@@ -214,10 +227,24 @@ class Scheduler:
     def _accept_drafts(
         self, seq: Sequence, drafts: list[int], got: Sampled, now: int, out: list[Outgoing]
     ) -> None:
-        def emit(j: int) -> None:
-            self._emit(seq, got.tokens[j], got.logprobs[j], now, out)
-
-        accepted = accept(seq, drafts, len(got.tokens), emit, self._accept)
+        """A decode of [pending token, *drafts]: the executor drew its rows while they agreed
+        with the drafts (row j follows drafts[:j]). Each drawn token takes the usual path;
+        while it equals its draft, that draft's KV is already at the next position. The
+        first disagreement (or the row after the last draft) is the new pending token."""
+        seq.n_past += 1  # the pending token
+        seq.next_token = None
+        accepted = 0
+        for j, token in enumerate(got.tokens):
+            if not self._emit(seq, token, got.logprobs[j], now, out):
+                break  # it ended (end of generation, a stop string, its length)
+            if j == len(drafts) or token != drafts[j]:
+                break
+            seq.n_past += 1
+            accepted += 1
+            seq.next_token = None
+        rate = acceptance(accepted, len(drafts))
+        seq.spec_accept_ewma = smoothed(seq.spec_accept_ewma, rate)
+        self._accept.observe(rate)
         if self.running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
             self.runtime.seq_trim(seq.seq_id, seq.n_past)
         self.metrics.spec_drafted_tokens_total += len(drafts)
@@ -299,7 +326,7 @@ class Scheduler:
         ended, self._ended = self._ended, []  # taken first: a failure is not met again
         for seq, reason in ended:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
-                self._prefix.store(seq)
+                self._prefix.store(seq.seq_id, seq.kv_tokens(), seq.reused)
             self.runtime.seq_clear(seq.seq_id)
             self._queue.release(seq.seq_id)
         return len(ended)

@@ -11,7 +11,8 @@ from uma_serve.core import protocol as p
 from uma_serve.core.engine.tick import Draw
 from uma_serve.core.policy import BatchItem, Phase, SessionView
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
-from uma_serve.core.prefix.index import Entry
+from uma_serve.core.prefix.index import block_hashes
+from uma_serve.core.prefix.store import Reused
 from uma_serve.core.runtime import Span
 from uma_serve.core.sampling import SamplerState
 from uma_serve.core.spec.ngram import NgramIndex
@@ -54,15 +55,16 @@ class Sequence:
     # its uncached prompt is longer than the interactive allowance (policy/work.py): the
     # prompt is bulk work; set on arrival from the prefix cache's answer, again on admission
     bulk_prompt: bool = False
-    cached_from: Entry | None = None  # prefix cache entry its leading KV was copied from
-    cached_tokens: int = 0  # how many leading positions came from the prefix cache
-    prompt_hashes: list[int] | None = None  # the prompt's block hash chain (prefix cache)
+    reused: Reused = Reused()  # what its leading KV was copied from (the prefix cache)
+    prompt_hashes: list[int] = field(default_factory=list)  # block hash chain (prefix cache)
     text: TextStream = field(init=False)
     parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
     logprobs: list[p.Logprobs] = field(default_factory=list)  # for stream: false
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.request.stops)
+        if not self.prompt_hashes:  # (submit computes them on the I/O thread)
+            self.prompt_hashes = block_hashes(self.prompt)
 
     @property
     def conn_id(self) -> int:
@@ -158,7 +160,7 @@ class Sequence:
             if first and last and last > first
             else None,
         )
-        usage = p.Usage(len(self.prompt), self.generated, self.cached_tokens)
+        usage = p.Usage(len(self.prompt), self.generated, self.reused.tokens)
         rid = self.request.id
         if self.request.stream:
             return p.EosEvent(rid, reason, usage, timings, detail)  # type: ignore[arg-type]
