@@ -19,6 +19,7 @@ import yaml
 
 from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
 from uma_serve.core.logfmt import FORMATS
+from uma_serve.core.policy.pipeline import TRANSFORMERS
 from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC, default_socket
 
 log = logging.getLogger("uma.config")
@@ -42,7 +43,7 @@ REMOVED_OPTIONS: dict[str, tuple[str, str]] = {
         "measured gain)",
     ),
 }
-POLICY_TRANSFORMERS = ("qos", "spec", "latency", "bmt")
+POLICY_TRANSFORMERS = tuple(TRANSFORMERS)  # the registry's names (core/policy/pipeline.py)
 AUTO = -1  # a size the daemon derives from the others
 LLAMA_MAX_SEQ = 256  # sequence ids a llama.cpp context may have
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host

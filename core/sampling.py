@@ -24,24 +24,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
 from uma_serve.core import protocol as p
-from uma_serve.core.runtime.api import RuntimeApi
+from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 from uma_serve.core.runtime.params import SamplingParams
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
-
-
-class Constraint(Protocol):
-    """What a grammar (core/runtime/grammar.py) does for the chain."""
-
-    def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray: ...
-    def allowed(self, row: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]: ...
-    def accept(self, token: int) -> None: ...
-    def free(self) -> None: ...
 
 
 class Candidates(NamedTuple):

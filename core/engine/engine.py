@@ -32,7 +32,6 @@ from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
 from uma_serve.core.engine.sequence import RequestKey, Submission
 from uma_serve.core.engine.tick import Outgoing
-from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
@@ -129,7 +128,6 @@ class Engine:
         sink: Sink,
         metrics: EngineMetrics | None = None,
         seed: int | None = None,
-        tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
         prefix_cache_tokens: int = 0,
         prefix_cache_slots: int = 0,
@@ -139,7 +137,6 @@ class Engine:
         self.sink = sink
         self.metrics = metrics or EngineMetrics()
         self.metrics.kv_cells_total = runtime.n_ctx
-        self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._compute_nice = compute_nice
         self._inbox = Inbox(runtime.abort, runtime.clear_abort)
         sampler = Sampler(runtime)
@@ -150,7 +147,6 @@ class Engine:
             self.metrics,
             sampler,
             seed=seed,
-            tuner=tuner,
             reserved_interactive=reserved_interactive,
             prefix_cache_tokens=prefix_cache_tokens,
             prefix_cache_slots=prefix_cache_slots,

@@ -29,10 +29,10 @@ from uma_serve.core.engine.recovery import (
 )
 from uma_serve.core.engine.sequence import Sequence, Submission
 from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
-from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Phase, Plan, Policy, SchedulerState
+from uma_serve.core.policy.pipeline import PolicyPipeline
 from uma_serve.core.policy.work import INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
@@ -59,7 +59,6 @@ class Scheduler:
         metrics: EngineMetrics,
         sampler: Sampler,
         seed: int | None = None,
-        tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
         prefix_cache_tokens: int = 0,
         prefix_cache_slots: int = 0,
@@ -78,7 +77,8 @@ class Scheduler:
         self._spec = constraints.spec_max_draft
         self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
         self.running: dict[int, Sequence] = {}  # seq_id -> sequence
-        self.learner = TickLearner(constraints, tuner)
+        transformers = policy.transformers if isinstance(policy, PolicyPipeline) else ()
+        self.learner = TickLearner(constraints, transformers)
         self._max_prefill: int | None = None  # cap after a failed decode (no KV slot)
         self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
         self._last_interactive_ns = 0  # when an interactive request last ran or waited

@@ -37,3 +37,44 @@ def test_no_upward_import_of_the_engine(package: str) -> None:
     for path in sorted((CORE / package).rglob("*.py")):
         up = {n for n in imported(path) if n.startswith("uma_serve.core.engine")}
         assert not up, f"{path.relative_to(ROOT)} imports {sorted(up)}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each core module and the core modules it imports."""
+    modules = {module_name(p): p for p in CORE.rglob("*.py")}
+    return {name: (imported(path) & modules.keys()) - {name} for name, path in modules.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` as the modules along it ([]: none)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str]:
+        state[name] = 1
+        path.append(name)
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                return path[path.index(dep) :] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        state[name] = 2
+        path.pop()
+        return []
+
+    for name in sorted(graph):
+        if name not in state and (found := visit(name)):
+            return found
+    return []
+
+
+def test_no_import_cycle_in_the_core() -> None:
+    """Not even through an import only type checkers see: a cycle is a contract that knows
+    its users (the policy's state once knew the latency guard's)."""
+    assert cycle(import_graph()) == []
+
+
+def test_the_cycle_check_finds_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycle(graph) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) == []
