@@ -18,6 +18,7 @@ import yaml
 
 from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
 from uma_serve.core.logfmt import FORMATS
+from uma_serve.core.policy.pipeline import TRANSFORMERS
 from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC, default_socket
 
 SAMPLERS = ("auto", "numpy", "backend-topk")
@@ -25,7 +26,7 @@ SPLIT_MODES = ("none", "layer", "row")
 # a switch's words, in a flag's value, the environment or YAML (which reads on/off as booleans)
 SWITCH = {"on": True, "true": True, "yes": True, "1": True,
           "off": False, "false": False, "no": False, "0": False}  # fmt: skip
-POLICY_TRANSFORMERS = ("qos", "spec", "latency", "bmt")
+POLICY_TRANSFORMERS = tuple(TRANSFORMERS)  # the registry's names (core/policy/pipeline.py)
 AUTO = -1  # a size the daemon derives from the others
 LLAMA_MAX_SEQ = 256  # sequence ids a llama.cpp context may have
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host

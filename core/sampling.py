@@ -24,24 +24,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
 from uma_serve.core import protocol as p
-from uma_serve.core.runtime.api import RuntimeApi
+from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
-
-
-class Constraint(Protocol):
-    """What a grammar (core/runtime/grammar.py) does for the chain."""
-
-    def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray: ...
-    def allowed(self, row: np.ndarray, params: p.Sampling) -> tuple[np.ndarray, np.ndarray]: ...
-    def accept(self, token: int) -> None: ...
-    def free(self) -> None: ...
 
 
 class Candidates(NamedTuple):
