@@ -24,14 +24,15 @@ from uma_serve.core.policy import (
     SchedulerState,
 )
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.runtime import SamplingParams, Span
+from uma_serve.core.protocol import Sampling
+from uma_serve.core.runtime import Span
 from uma_serve.core.sampling import Sampler, SamplerState
 
 ROOT = Path(__file__).parents[2]
 
 
 def greedy() -> SamplerState:
-    return SamplerState(SamplingParams(temperature=0.0), 1)
+    return SamplerState(Sampling(temperature=0.0), 1)
 
 
 def batch(spans: list[Span], draws: list[Draw | None]) -> Batch:
