@@ -25,7 +25,7 @@ HISTOGRAMS = {
     "sample": "uma_tick_sample_seconds",
 }
 COUNTERS = ("uma_batch_calls_total", "uma_generation_tokens_total", "uma_prompt_tokens_total")
-BUSY = "uma_engine_busy_seconds_total"
+BUSY, HOST = "uma_engine_busy_seconds_total", "uma_engine_host_seconds_total"
 
 Scrape = dict[str, dict]  # family -> {"buckets": {le: cumulative count}, "sum", "count"} or value
 
@@ -55,7 +55,7 @@ def parse(text: str) -> Scrape:
                 elif s.name.endswith("_count"):
                     h["count"] += s.value
             out[family.name] = h
-        elif family.name + "_total" in (*COUNTERS, BUSY) or family.name in (*COUNTERS, BUSY):
+        elif {family.name, family.name + "_total"} & {*COUNTERS, BUSY, HOST}:
             name = family.name if family.name.endswith("_total") else family.name + "_total"
             out[name] = {"value": sum(s.value for s in family.samples)}
     return out
@@ -102,7 +102,7 @@ def card(before: Scrape, after: Scrape) -> dict:
     tokens = [diff(n) for n in ("uma_generation_tokens_total", "uma_prompt_tokens_total")]
     if ticks and None not in tokens:
         out["tokens_per_tick"] = round(sum(t for t in tokens if t) / ticks, 2)
-    busy = diff(BUSY)
-    if busy and "tick_sum_s" in out:
-        out["engine_idle_share"] = round(max(0.0, 1 - out["tick_sum_s"] / busy), 3)
+    busy, host = diff(BUSY), diff(HOST)
+    if busy and host is not None:
+        out["engine_idle_share"] = round(host / busy, 3)
     return out

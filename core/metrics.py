@@ -71,6 +71,8 @@ class EngineMetrics:
         self.tokens_generated_total = 0
         self.prompt_tokens_total = 0
         self.batch_calls_total = 0
+        self.engine_busy_seconds_total = 0.0
+        self.engine_host_seconds_total = 0.0
         self.decode_failures_total = 0
         self.requests_total = dict.fromkeys(END_REASONS, 0)
         self.prefill_guard_active = 0

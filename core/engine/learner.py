@@ -50,20 +50,26 @@ class TickLearner:
         self._transformers = list(transformers)
         self.stats = EngineStats(states=tuple(t.initial(constraints) for t in transformers))
         self._model = OnlineTickModel()
-        self._prev_tick: tuple[float, float] | None = None  # (start, decode ms) of the last tick
+        # (start, decode ms, launch-to-device-done ms) of the last tick
+        self._prev_tick: tuple[float, float, float] | None = None
         self._overhead_ms = 0.0
 
     def idle(self) -> None:
         """The engine waits for work: the time until the next tick is not overhead."""
         self._prev_tick = None
 
-    def tick_started(self, t0: float) -> None:
-        if self._prev_tick is not None:  # busy since the last tick: the rest was overhead
-            prev_t0, prev_ms = self._prev_tick
-            self._overhead_ms = ewma(self._overhead_ms, (t0 - prev_t0) * 1e3 - prev_ms)
+    def tick_started(self, t0: float, m: EngineMetrics) -> None:
+        """Busy since the last tick: the rest was overhead, and the engine's host time (the
+        part outside launch to device done, which a GPU waits through)."""
+        if self._prev_tick is not None:
+            prev_t0, prev_ms, prev_span_ms = self._prev_tick
+            gap_ms = (t0 - prev_t0) * 1e3
+            self._overhead_ms = ewma(self._overhead_ms, gap_ms - prev_ms)
+            m.engine_busy_seconds_total += gap_ms / 1e3
+            m.engine_host_seconds_total += max(gap_ms - prev_span_ms, 0.0) / 1e3
 
-    def tick_decoded(self, t0: float, ms: float) -> None:
-        self._prev_tick = (t0, ms)
+    def tick_decoded(self, t0: float, ms: float, overlap_ms: float = 0.0) -> None:
+        self._prev_tick = (t0, ms, ms + overlap_ms)
 
     def record(self, ms: float, plan: Plan, state: SchedulerState, m: EngineMetrics) -> None:
         st = self.stats

@@ -187,8 +187,8 @@ class Scheduler:
         """The tick's tokens as events; a failed tick's consequences."""
         out: list[Outgoing] = []
         try:
-            self.learner.tick_started(result.t0)
-            self.learner.tick_decoded(result.t0, result.ms)
+            self.learner.tick_started(result.t0, self.metrics)
+            self.learner.tick_decoded(result.t0, result.ms, result.overlap_ms)
             if result.failure is not None:
                 self._recover(result.failure, result.rc, batch.plan, out)
             else:

@@ -7,8 +7,9 @@ import pytest
 from uma_serve.bench.scorecard import card, parse, quantile
 
 
-def exposition(ticks: list[float], busy: float, calls: int, tokens: int) -> str:
-    """Prometheus text as the gateway writes it, for a histogram of tick times (s)."""
+def exposition(ticks: list[float], busy: float, calls: int, tokens: int, host: float = 0) -> str:
+    """Prometheus text as the gateway writes it (prometheus_client's exposition), for a
+    histogram of tick times (s)."""
     bounds = [0.001, 0.002, 0.005, float("inf")]
     lines = ["# TYPE uma_tick_decode_seconds histogram"]
     for le in bounds:
@@ -18,13 +19,15 @@ def exposition(ticks: list[float], busy: float, calls: int, tokens: int) -> str:
     lines += [
         f"uma_tick_decode_seconds_sum {sum(ticks)}",
         f"uma_tick_decode_seconds_count {len(ticks)}",
-        "# TYPE uma_engine_busy_seconds counter",
+        "# TYPE uma_engine_busy_seconds_total counter",
         f"uma_engine_busy_seconds_total {busy}",
-        "# TYPE uma_batch_calls counter",
+        "# TYPE uma_engine_host_seconds_total counter",
+        f"uma_engine_host_seconds_total {host}",
+        "# TYPE uma_batch_calls_total counter",
         f"uma_batch_calls_total {calls}",
-        "# TYPE uma_generation_tokens counter",
+        "# TYPE uma_generation_tokens_total counter",
         f"uma_generation_tokens_total {tokens}",
-        "# TYPE uma_prompt_tokens counter",
+        "# TYPE uma_prompt_tokens_total counter",
         f"uma_prompt_tokens_total {tokens // 2}",
     ]
     return "\n".join(lines) + "\n"
@@ -39,15 +42,13 @@ def test_quantile_interpolates_within_a_bucket() -> None:
 
 
 def test_the_card_counts_only_the_run() -> None:
-    before = parse(exposition([0.004] * 100, busy=1.0, calls=100, tokens=300))
+    before = parse(exposition([0.004] * 100, busy=1.0, calls=100, tokens=300, host=0.4))
     # the run: 200 ticks of 1.5 ms in 0.5 s of busy time, 30 tokens a tick
-    after = parse(
-        exposition([0.004] * 100 + [0.0015] * 200, busy=1.5, calls=300, tokens=300 + 4000)
-    )
+    after = parse(exposition([0.004] * 100 + [0.0015] * 200, 1.5, 300, 300 + 4000, host=0.6))
     c = card(before, after)
     assert c["tick_count"] == 200
     assert 1.0 < c["tick_p50_ms"] <= 2.0 and c["tick_p99_ms"] <= 2.0  # the earlier 4 ms ticks
     assert c["tick_sum_s"] == pytest.approx(0.3)
-    assert c["engine_idle_share"] == pytest.approx(1 - 0.3 / 0.5)
+    assert c["engine_idle_share"] == pytest.approx(0.2 / 0.5)
     assert c["tokens_per_tick"] == pytest.approx((4000 + 2000) / 200)
     assert "ttft_p50_ms" not in c  # not in the exposition: left out, not zero
