@@ -29,6 +29,7 @@ from uma_serve.core.metrics_schema import (
     MetricsSnapshot as MetricsSnapshot,
     metric_fields as metric_fields,
 )
+from uma_serve.core.template_kwargs import check_template_kwargs
 
 DEFAULT_MAX_FRAME = 1 << 20
 HEADER = struct.Struct("<I")
@@ -95,6 +96,8 @@ class Generate(
     grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     # n > 1: n sequences admitted together or not at all (core/group.py), ids "<id>-<i>"
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
+    # more variables for the chat template (vLLM's and llama-server's chat_template_kwargs)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -107,6 +110,8 @@ class Generate(
         for i, m in enumerate(self.messages or ()):
             if "\x00" in m.content:
                 raise ValueError(f"'messages[{i}].content' contains a NUL byte (\\u0000)")
+        if self.chat_template_kwargs is not None:
+            check_template_kwargs(self.chat_template_kwargs, self.messages is not None)
 
     @property
     def stops(self) -> list[str]:

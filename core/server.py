@@ -241,7 +241,7 @@ class CoreServer:
                 return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
                 turns = normalize([(m.role, m.content) for m in req.messages])
-                parts = self.chat.render_parts(turns)
+                parts = self.chat.render_parts(turns, req.chat_template_kwargs)
             except ChatTemplateError as exc:
                 return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
             tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup

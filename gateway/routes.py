@@ -309,6 +309,7 @@ def _chat_job(
         max_tokens=max_tokens,
         qos=qos,
         grammar=grammar_of(req),
+        chat_template_kwargs=req.chat_template_kwargs,
         **sampling(req),
     )
     job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
