@@ -98,6 +98,8 @@ class Generate(
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
     # more variables for the chat template (vLLM's and llama-server's chat_template_kwargs)
     chat_template_kwargs: dict[str, Any] | None = None
+    # the answer's given start: the prompt ends with it (plain text), it is not generated
+    prefill: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -105,13 +107,13 @@ class Generate(
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
         # a NUL would cut the text short in llama.cpp's C tokenizer: reject it, naming where
-        if self.prompt is not None and "\x00" in self.prompt:
-            raise ValueError("'prompt' contains a NUL byte (\\u0000)")
+        for name in ("prompt", "prefill"):
+            if "\x00" in (getattr(self, name) or ""):
+                raise ValueError(f"'{name}' contains a NUL byte (\\u0000)")
         for i, m in enumerate(self.messages or ()):
             if "\x00" in m.content:
                 raise ValueError(f"'messages[{i}].content' contains a NUL byte (\\u0000)")
-        if self.chat_template_kwargs is not None:
-            check_template_kwargs(self.chat_template_kwargs, self.messages is not None)
+        check_template_kwargs(self.chat_template_kwargs, self.messages is not None)
 
     @property
     def stops(self) -> list[str]:

@@ -244,9 +244,10 @@ class CoreServer:
                 parts = self.chat.render_parts(turns, req.chat_template_kwargs)
             except ChatTemplateError as exc:
                 return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
-            tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
+            prefill = [(req.prefill, False)] if req.prefill else []  # plain text, as content
+            tokens = self.chat_tokenizer.tokenize(parts + prefill)  # content never markup
         else:
-            tokens = self.tokenizer.tokenize(req.prompt or "")
+            tokens = self.tokenizer.tokenize((req.prompt or "") + (req.prefill or ""))
         if not tokens:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq
@@ -289,6 +290,7 @@ class CoreServer:
             size = sum(len(m.content.encode()) for m in req.messages)
         else:
             size = len((req.prompt or "").encode())
+        size += len((req.prefill or "").encode())
         if size > c.max_prompt_bytes:
             limit = c.max_prompt_bytes
             return p.E_LIMIT, f"prompt of {size} bytes is over max_prompt_bytes {limit}"

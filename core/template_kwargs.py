@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def check_template_kwargs(kwargs: dict[str, Any], chat: bool) -> None:
-    """``chat_template_kwargs`` go with ``messages``, cannot replace them, and hold no NUL
-    (the template's placeholders for the contents are made of NULs: core/chat.py)."""
+def check_template_kwargs(kwargs: dict[str, Any] | None, chat: bool) -> None:
+    """``chat_template_kwargs`` (if any) go with ``messages``, cannot replace them, and hold
+    no NUL (the template's placeholders for the contents are made of NULs: core/chat.py)."""
+    if kwargs is None:
+        return
     if not chat:
         raise ValueError("'chat_template_kwargs' needs 'messages'")
     if "messages" in kwargs:

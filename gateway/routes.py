@@ -34,7 +34,7 @@ from uma_serve.gateway.streaming import (
     sse_response,
     tagged,
 )
-from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of
+from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of, prefill_of
 
 QOS_HEADER = "x-uma-qos"
 # Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
@@ -303,6 +303,7 @@ def _chat_job(
     param = req.max_tokens_param
     default = min(request.app.state.settings.default_max_tokens, info.max_tokens)
     max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
+    prefill = prefill_of(req)  # a forced call's known start: in the prompt, not sampled
     gen = generate_request(
         id=rid,
         messages=[p.Message(**m) for m in messages],
@@ -310,11 +311,12 @@ def _chat_job(
         qos=qos,
         grammar=grammar_of(req),
         chat_template_kwargs=req.chat_template_kwargs,
+        prefill=prefill or None,
         **sampling(req),
     )
     job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
     job.grammar_param = grammar_param_of(req)
-    job.tool_mode = req.tool_mode
+    job.tool_mode, job.tool_prefix = req.tool_mode, prefill
     return job
 
 
