@@ -67,6 +67,7 @@ _CHAT = b'{"id": "a", "messages": [{"role": "user", "content": "y"}]'
         (_CHAT + b', "chat_template_kwargs": "on"}', "chat_template_kwargs"),
         (_CHAT + b', "chat_template_kwargs": {"messages": []}}', "cannot replace"),
         (_CHAT + b', "chat_template_kwargs": {"a": [{"b": "\\u0000"}]}}', "NUL"),
+        (b'{"id": "a", "prompt": "x", "prefill": "b\\u0000"}', "'prefill' contains a NUL"),
     ],
 )
 def test_invalid_requests_get_e_proto(payload: bytes, fragment: str) -> None:
