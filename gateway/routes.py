@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import choices, lenient, model_names, openai_schema as schema
+from uma_serve.gateway import choices, lenient, model_routing, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.frame_limit import check_frame
@@ -127,12 +127,6 @@ async def core_info(request: Request) -> p.InfoEvent:
         return await request.app.state.pool.info()
     except CoreError as exc:
         raise from_core_error(exc) from None
-
-
-def check_model(request: Request, name: str | None, info: p.InfoEvent) -> str:
-    """The response's model name, or 404 (gateway/model_names.py says which names pass)."""
-    settings = request.app.state.settings
-    return model_names.resolve(name, info, settings.served_model_names, settings.strict_model_name)
 
 
 def check_logit_bias(bias: dict[int, float] | None, info: p.InfoEvent) -> None:
@@ -251,8 +245,7 @@ async def _generate(request: Request, kind: type) -> Response:
         req, request.state.ignored_fields = lenient.decode(body, kind, settings.strict_fields)
         note_session(req.user)  # the affinity key with several cores (gateway/router.py)
         qos = qos_of(request, req)
-        info = await core_info(request)
-        model = check_model(request, req.model, info)
+        model, info = await model_routing.resolve(request, req.model)
         check_logit_bias(req.token_bias, info)
         if isinstance(req, schema.CompletionRequest):
             job = _completion_job(request, req, info, model, qos)
