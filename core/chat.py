@@ -28,9 +28,9 @@ class ChatTemplateError(ValueError):
 
 
 Part = tuple[str, bool]  # (text, is the template's markup: parse special tokens in it)
-# a message's content stands in as NUL, index, NUL (the protocol rejects NUL in content and
-# in chat_template_kwargs, so nothing a request sends can forge one), padded with a space each
-# side to see whether the template trims
+# a message's content stands in as NUL, index, NUL (NUL is refused in content and in
+# chat_template_kwargs: core/protocol.py, core/chat_extras.py; so no request can forge one),
+# padded with a space each side to see whether the template trims
 _MARK = re.compile(r"( ?)\x00(\d+)\x00( ?)")
 
 

@@ -29,7 +29,6 @@ from uma_serve.core.metrics_schema import (
     MetricsSnapshot as MetricsSnapshot,
     metric_fields as metric_fields,
 )
-from uma_serve.core.template_kwargs import check_template_kwargs
 
 DEFAULT_MAX_FRAME = 1 << 20
 HEADER = struct.Struct("<I")
@@ -96,10 +95,8 @@ class Generate(
     grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     # n > 1: n sequences admitted together or not at all (core/group.py), ids "<id>-<i>"
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
-    # more variables for the chat template (vLLM's and llama-server's chat_template_kwargs)
-    chat_template_kwargs: dict[str, Any] | None = None
-    # the answer's given start: the prompt ends with it (plain text), it is not generated
-    prefill: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
+    prefill: str | None = None  # the answer's given start: it ends the prompt, is not generated
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -107,13 +104,11 @@ class Generate(
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
         # a NUL would cut the text short in llama.cpp's C tokenizer: reject it, naming where
-        for name in ("prompt", "prefill"):
-            if "\x00" in (getattr(self, name) or ""):
-                raise ValueError(f"'{name}' contains a NUL byte (\\u0000)")
+        if self.prompt is not None and "\x00" in self.prompt:
+            raise ValueError("'prompt' contains a NUL byte (\\u0000)")
         for i, m in enumerate(self.messages or ()):
             if "\x00" in m.content:
                 raise ValueError(f"'messages[{i}].content' contains a NUL byte (\\u0000)")
-        check_template_kwargs(self.chat_template_kwargs, self.messages is not None)
 
     @property
     def stops(self) -> list[str]:

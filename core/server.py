@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 
-from uma_serve.core import protocol as p
+from uma_serve.core import chat_extras, protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, normalize
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
@@ -281,6 +281,8 @@ class CoreServer:
         if req.logit_bias and (top := max(req.logit_bias)) >= self.runtime.n_vocab:
             vocab = f"(0..{self.runtime.n_vocab - 1})"
             return p.E_PROTO, f"logit_bias token id {top} is not in the vocabulary {vocab}"
+        if (extras := chat_extras.problem(req)) is not None:
+            return p.E_PROTO, f"invalid generate request: {extras}"
         if req.grammar is not None:
             try:
                 check_grammar(self.runtime.vocab, req.grammar)

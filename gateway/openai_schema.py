@@ -283,6 +283,18 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
     if "messages" in kwargs:
         msg = "chat_template_kwargs cannot replace the messages"
         raise bad_request(msg, "chat_template_kwargs.messages", "invalid_value")
+    if _has_nul(kwargs):  # as the core refuses it (docs/PROTOCOL.md)
+        msg = "chat_template_kwargs contains a NUL byte (\\u0000)"
+        raise bad_request(msg, "chat_template_kwargs", "invalid_value")
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a string of ``value`` (keys too) holds a NUL; its depth is bounded already."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(_has_nul(v) for v in value)
 
 
 _AT = re.compile(r"at `\$\.?([^`]*)`")
