@@ -101,6 +101,8 @@ class Generate(
     grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     # n > 1: n sequences admitted together or not at all (core/group.py), ids "<id>-<i>"
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
+    prefill: str | None = None  # the answer's given start: it ends the prompt, is not generated
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

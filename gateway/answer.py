@@ -31,6 +31,7 @@ class Job:
     grammar_param: str = "grammar"  # the field the core request's grammar was built from
     n: int = 1  # choices: n > 1 runs n core requests (gateway/choices.py)
     tool_mode: str | None = None  # "auto" / "forced": tool calls are read from the text
+    tool_prefix: str = ""  # the answer's start the prompt ends with (a forced call's head)
     created: int = field(default_factory=lambda: int(time.time()))
     _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
     _offsets: dict[int, int] = field(default_factory=dict, repr=False)  # text_offset per choice
@@ -90,10 +91,14 @@ class Job:
         head, tail = self._frame(index)
         return head + msgspec.json.encode(text) + tail
 
+    def tool_parser(self) -> ToolCallParser:
+        """A parser of one choice's calls, which reads the answer's prefilled start first."""
+        return ToolCallParser(forced=self.tool_mode == "forced", buf=self.tool_prefix)
+
     def _parser(self, index: int) -> ToolCallParser:
         parser = self._parsers.get(index)
         if parser is None:
-            parser = self._parsers[index] = ToolCallParser(forced=self.tool_mode == "forced")
+            parser = self._parsers[index] = self.tool_parser()
         return parser
 
     def _tool_sse(self, index: int, deltas: list[dict[str, Any]]) -> bytes:
@@ -149,7 +154,7 @@ class Job:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if self.tool_mode is not None:
             # as the stream reads it: calls given out once complete, never markup as content
-            parser = ToolCallParser(forced=self.tool_mode == "forced")
+            parser = self.tool_parser()
             deltas = parser.feed(text) + parser.finish()
             content = "".join(d.get("content", "") for d in deltas)
             called = parser.calls or self.tool_mode == "forced"

@@ -19,7 +19,6 @@ from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.api_common import sse
 from uma_serve.gateway.errors import ApiError, from_core_error
 from uma_serve.gateway.streaming import Choice
-from uma_serve.gateway.tool_calls import ToolCallParser
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -139,7 +138,7 @@ async def stream(
     """The Messages SSE events of one core stream, from its already received first event."""
     yield _start(job)
     blocks = _Blocks()
-    parser = ToolCallParser(forced=job.tool_mode == "forced") if job.tool_mode else None
+    parser = job.tool_parser() if job.tool_mode else None
     item: Choice | None = first
     try:
         while item is not None:

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import routes
+from uma_serve.gateway import model_routing, routes
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.openai_schema import ChatRequest
 from uma_serve.gateway.streaming import (
@@ -59,8 +59,7 @@ async def serve(request: Request, dialect: Dialect) -> Response:
     handed_off = False
     try:
         req, request.state.ignored_fields = dialect.to_chat(body, request)
-        info = await routes.core_info(request)
-        model = routes.check_model(request, req.model, info)
+        model, info = await model_routing.resolve(request, req.model)
         job = routes._chat_job(request, req, info, model, routes.qos_of(request, req))
         if req.stream:
             response = await _stream(request, dialect, job, release, stop)

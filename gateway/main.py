@@ -175,13 +175,15 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
         dest="served_model_names",
         action="append",
         help="a name the model answers to (repeatable; the first is its id in /v1/models); "
-        "the GGUF's internal name and its file's stem are accepted too",
+        "the GGUF's internal name and its file's stem are accepted too; ALIAS=MODEL: a name "
+        "of the model whose internal name or file stem is MODEL only (cores serving "
+        "different models)",
     )
     ap.add_argument(
         "--strict-model-name",
         action="store_true",
         help="a request naming a model that is not one of its names gets 404 (by default, "
-        "with one model served, any name is accepted)",
+        "with one model served, any name is accepted; with several, never)",
     )
     ap.add_argument(
         "--strict-fields",

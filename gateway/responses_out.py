@@ -24,7 +24,6 @@ from uma_serve.gateway.answer import Job, end_error, usage_dict
 from uma_serve.gateway.api_common import sse
 from uma_serve.gateway.errors import ApiError, from_core_error
 from uma_serve.gateway.streaming import Choice
-from uma_serve.gateway.tool_calls import ToolCallParser
 
 
 def _id(prefix: str) -> str:
@@ -199,7 +198,7 @@ async def stream(
     w = _Writer(job, request)
     yield w.event("response.created", response=w.response("in_progress"))
     yield w.event("response.in_progress", response=w.response("in_progress"))
-    parser = ToolCallParser(forced=job.tool_mode == "forced") if job.tool_mode else None
+    parser = job.tool_parser() if job.tool_mode else None
     item: Choice | None = first
     try:
         while item is not None:

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import choices, lenient, model_names, openai_schema as schema
+from uma_serve.gateway import choices, lenient, model_routing, openai_schema as schema
 from uma_serve.gateway.answer import Job, end_error
 from uma_serve.gateway.errors import ApiError, bad_request, from_core_error
 from uma_serve.gateway.frame_limit import check_frame
@@ -34,7 +34,7 @@ from uma_serve.gateway.streaming import (
     sse_response,
     tagged,
 )
-from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of
+from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of, prefill_of
 
 QOS_HEADER = "x-uma-qos"
 # Cap on bytes read (and thrown away) from an oversized body before answering 413, so that a
@@ -127,12 +127,6 @@ async def core_info(request: Request) -> p.InfoEvent:
         return await request.app.state.pool.info()
     except CoreError as exc:
         raise from_core_error(exc) from None
-
-
-def check_model(request: Request, name: str | None, info: p.InfoEvent) -> str:
-    """The response's model name, or 404 (gateway/model_names.py says which names pass)."""
-    settings = request.app.state.settings
-    return model_names.resolve(name, info, settings.served_model_names, settings.strict_model_name)
 
 
 def check_logit_bias(bias: dict[int, float] | None, info: p.InfoEvent) -> None:
@@ -251,8 +245,7 @@ async def _generate(request: Request, kind: type) -> Response:
         req, request.state.ignored_fields = lenient.decode(body, kind, settings.strict_fields)
         note_session(req.user)  # the affinity key with several cores (gateway/router.py)
         qos = qos_of(request, req)
-        info = await core_info(request)
-        model = check_model(request, req.model, info)
+        model, info = await model_routing.resolve(request, req.model)
         check_logit_bias(req.token_bias, info)
         if isinstance(req, schema.CompletionRequest):
             job = _completion_job(request, req, info, model, qos)
@@ -303,17 +296,20 @@ def _chat_job(
     param = req.max_tokens_param
     default = min(request.app.state.settings.default_max_tokens, info.max_tokens)
     max_tokens = check_max_tokens(req.requested_max_tokens, default, info, param)
+    prefill = prefill_of(req)  # a forced call's known start: in the prompt, not sampled
     gen = generate_request(
         id=rid,
         messages=[p.Message(**m) for m in messages],
         max_tokens=max_tokens,
         qos=qos,
         grammar=grammar_of(req),
+        chat_template_kwargs=req.chat_template_kwargs,
+        prefill=prefill or None,
         **sampling(req),
     )
     job = Job("chat", rid, model, gen, req.include_usage, prompt_param="messages")
     job.grammar_param = grammar_param_of(req)
-    job.tool_mode = req.tool_mode
+    job.tool_mode, job.tool_prefix = req.tool_mode, prefill
     return job
 
 
