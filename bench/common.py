@@ -22,6 +22,7 @@ from types import ModuleType
 
 from tqdm import tqdm
 
+from uma_serve.bench import scorecard
 from uma_serve.bench.report import RunDir, print_table
 from uma_serve.bench.servers import KINDS, ServerShape, ServerUnavailable, launch
 from uma_serve.bench.stats import Summary
@@ -215,9 +216,16 @@ def run_scenario(args: argparse.Namespace, module: ModuleType) -> int:
 
 
 async def _measure(fn: Callable, target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    """The scenario's result; with UMA Serve's metrics, its scorecard too (scorecard.json)."""
     try:
         await warmup(target)
-        return await fn(target, args, run)
+        before = await scorecard.scrape(target)
+        result = await fn(target, args, run)
+        after = await scorecard.scrape(target) if before is not None else None
+        if before is not None and after is not None:
+            result["scorecard"] = scorecard.card(before, after)
+            run.write_json("scorecard.json", result["scorecard"])
+        return result
     finally:
         await target.aclose()
 

@@ -24,7 +24,7 @@ from uma_serve.core import protocol as p
 
 PROMPT = "Write a long essay about the history of {topic}, with many details:"
 TICK_KEYS = ("decode_ms_ewma", "tick_overhead_ms_ewma", "served_decoders")
-TOPICS = ["bridges", "clocks", "maps", "ships", "paper", "glass", "music", "roads"] * 4
+TOPICS = ["bridges", "clocks", "maps", "ships", "paper", "glass", "music", "roads"]
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) ->
     def greedy(row: int) -> int:
         return int(np.argmax(runtime.logits_row(row)))
 
-    prompts = [runtime.tokenize(PROMPT.format(topic=TOPICS[i])) for i in range(n)]
+    prompts = [runtime.tokenize(PROMPT.format(topic=TOPICS[i % len(TOPICS)])) for i in range(n)]
     for seq in range(n):
         runtime.seq_clear(seq)
     rc, rows = runtime.decode([Span(i, 0, prompts[i], True) for i in range(n)])
@@ -93,7 +93,7 @@ async def daemon_streams(
         client = await AsyncUmaClient.connect(socket)
         req = p.Generate(
             id=f"engine-{i}",
-            prompt=PROMPT.format(topic=TOPICS[i]),
+            prompt=PROMPT.format(topic=TOPICS[i % len(TOPICS)]),
             max_tokens=tokens + 1,
             temperature=0.0,
             ignore_eos=True,

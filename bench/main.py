@@ -24,6 +24,8 @@ SCENARIOS: dict[str, str] = {
     "warm-floor": "warm_floor",
     "grammar-mix": "grammar_mix",
     "conversation": "conversation",
+    "ceiling": "ceiling",
+    "synth-model": "synth_model",
 }
 
 

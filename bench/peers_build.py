@@ -7,7 +7,8 @@ Both come from the llama-cpp-python source package on PyPI (llama.cpp is vendore
   the script header, and llama-cpp-python installed from the same version (pip reuses its
   cached wheel, built with the default flags).
 
-`python -m uma_serve.bench.peers_build [llama-server|batched|all]` builds ahead of time.
+`python -m uma_serve.bench.peers_build [llama-server|batched|llama-batched-bench|all]` builds
+ahead of time; `llama-batched-bench` is `bench ceiling`'s ceiling (llama.cpp's own batched decode).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def llama_server_bin() -> Path:
     if prebuilt:
         return Path(prebuilt)
     return cache_dir() / "bin" / "llama-server"
+
+
+def batched_bench_bin() -> Path:
+    """llama.cpp's own batched decode benchmark (the ceiling), or UMA_LLAMA_BATCHED_BENCH."""
+    prebuilt = os.environ.get("UMA_LLAMA_BATCHED_BENCH")
+    if prebuilt:
+        return Path(prebuilt)
+    return cache_dir() / "bin" / "llama-batched-bench"
 
 
 def batched_python() -> Path:
@@ -135,18 +144,24 @@ def cmake_args(build: Path) -> list[str]:
 
 
 def ensure_llama_server(jobs: int = 2) -> Path:
-    out = llama_server_bin()
+    return _ensure_tool(llama_server_bin(), "llama-server", jobs)
+
+
+def ensure_batched_bench(jobs: int = 2) -> Path:
+    return _ensure_tool(batched_bench_bin(), "llama-batched-bench", jobs)
+
+
+def _ensure_tool(out: Path, target: str, jobs: int) -> Path:
+    """One llama.cpp tool from the vendored sources, built once (one build folder for all)."""
     if out.exists():
         return out
     ensure_sdist()
     build = cache_dir() / "build-llama-server"
-    _log(f"building llama-server into {build} (several minutes on 2 cores)")
+    _log(f"building {target} into {build} (several minutes on 2 cores)")
     subprocess.run(cmake_args(build), check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        ["cmake", "--build", str(build), "--target", "llama-server", f"-j{jobs}"], check=True
-    )
+    subprocess.run(["cmake", "--build", str(build), "--target", target, f"-j{jobs}"], check=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(build / "bin" / "llama-server", out)
+    shutil.copy2(build / "bin" / target, out)
     return out
 
 
@@ -175,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ensure_llama_server())
     if which in ("batched", "all"):
         print(ensure_batched())
+    if which in ("llama-batched-bench", "all"):
+        print(ensure_batched_bench())
     return 0
 
 

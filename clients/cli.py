@@ -17,6 +17,7 @@ from uma_serve.clients.client import DEFAULT_SOCKET, CoreError, UmaClient, new_i
 from uma_serve.core import protocol as p
 
 EXIT_OK, EXIT_SERVER, EXIT_PROTOCOL = 0, 2, 3
+DEFAULTS = p.Sampling()  # the core's own sampling defaults
 
 BASE_MODEL_NOTE = (
     "uma-cli: note: the served GGUF has no chat template of its own: likely a base model "
@@ -32,9 +33,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     ap.add_argument("--system", help="system message for --chat")
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy)")
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument(
+        "--temp", type=float, default=DEFAULTS.temperature, help="temperature (0: greedy)"
+    )
+    ap.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
+    ap.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--qos", choices=["interactive", "background"], default="interactive")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
+from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -27,8 +28,9 @@ class ChatTemplateError(ValueError):
 
 
 Part = tuple[str, bool]  # (text, is the template's markup: parse special tokens in it)
-# a message's content stands in as NUL, index, NUL (the protocol rejects NUL in content, so
-# no content can forge one), padded with a space each side to see whether the template trims
+# a message's content stands in as NUL, index, NUL (NUL is refused in content and in
+# chat_template_kwargs: core/protocol.py, core/chat_extras.py; so no request can forge one),
+# padded with a space each side to see whether the template trims
 _MARK = re.compile(r"( ?)\x00(\d+)\x00( ?)")
 
 
@@ -73,16 +75,19 @@ class ChatTemplate:
         # BOS is added by the tokenizer, so the rendered text must not carry it again.
         self._bos, self._eos = bos_token, eos_token
 
-    def render_parts(self, messages: list[tuple[str, str]]) -> list[Part]:
-        """The prompt as the template's markup and the messages' contents, in order.
+    def render_parts(
+        self, messages: list[tuple[str, str]], extra: dict[str, Any] | None = None
+    ) -> list[Part]:
+        """The prompt as the template's markup and the messages' contents, in order;
+        ``extra``: the request's ``chat_template_kwargs``, more variables for the template.
 
         Nothing is dropped silently: a system-only chat, which a template that folds the
         system text into the first user turn (Gemma's) has no place for, is rendered as the
         user's turn (as llama.cpp's templates do for a model without a system role); any
         other content the template leaves out is a ChatTemplateError."""
-        parts, missing = self._parts(messages)
+        parts, missing = self._parts(messages, extra)
         if missing and all(role == "system" for role, _ in messages):
-            parts, missing = self._parts([("user", content) for _, content in messages])
+            parts, missing = self._parts([("user", content) for _, content in messages], extra)
         if missing:
             role = messages[missing[0]][0]
             raise ChatTemplateError(
@@ -90,11 +95,15 @@ class ChatTemplate:
             )
         return parts
 
-    def _parts(self, messages: list[tuple[str, str]]) -> tuple[list[Part], list[int]]:
+    def _parts(
+        self, messages: list[tuple[str, str]], extra: dict[str, Any] | None = None
+    ) -> tuple[list[Part], list[int]]:
         """The parts, and the messages whose content does not appear in them: the template
         is rendered with a placeholder for each content, then each placeholder is replaced
         by its content (trimmed on the sides the template trimmed)."""
-        marked = self.render([(role, f" \x00{i}\x00 ") for i, (role, _) in enumerate(messages)])
+        marked = self.render(
+            [(role, f" \x00{i}\x00 ") for i, (role, _) in enumerate(messages)], extra
+        )
         parts: list[Part] = []
         seen: set[int] = set()
         pos = 0
@@ -111,14 +120,19 @@ class ChatTemplate:
         missing = [i for i in range(len(messages)) if i not in seen]
         return [(text, markup) for text, markup in parts if text], missing
 
-    def render(self, messages: list[tuple[str, str]]) -> str:
+    def render(self, messages: list[tuple[str, str]], extra: dict[str, Any] | None = None) -> str:
+        """The template's text; ``extra`` adds variables (``enable_thinking``...) or replaces
+        the defaults (``add_generation_prompt``), never ``messages``: as vLLM and llama-server
+        pass ``chat_template_kwargs``."""
+        context: dict[str, Any] = {
+            "add_generation_prompt": True,
+            "bos_token": "",
+            "eos_token": self._eos,
+            **(extra or {}),
+            "messages": [{"role": r, "content": c} for r, c in messages],
+        }
         try:
-            return self._template.render(
-                messages=[{"role": r, "content": c} for r, c in messages],
-                add_generation_prompt=True,
-                bos_token="",
-                eos_token=self._eos,
-            )
+            return self._template.render(**context)
         except ChatTemplateError:
             raise
         except TemplateError as exc:

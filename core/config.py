@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,30 +18,15 @@ import yaml
 
 from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
 from uma_serve.core.logfmt import FORMATS
+from uma_serve.core.policy.pipeline import TRANSFORMERS
 from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC, default_socket
 
-log = logging.getLogger("uma.config")
-
 SAMPLERS = ("auto", "numpy", "backend-topk")
-# --sampler values an older release had (llama.cpp's own chain, on the host or in the graph):
-# slower in every measurement (docs/BENCHMARKS.md), read as auto with a warning
-REMOVED_SAMPLERS = ("llama", "backend")
 SPLIT_MODES = ("none", "layer", "row")
-# keys of the original design's YAML example that no option reads any more: accepted with a
-# warning, so that example still loads (any other unknown key stays an error)
-LEGACY_KEYS = frozenset(
-    {"ipc.backlog", "scheduler.start_target_tokens", "metrics.tick_interval_ms"}
-)
-# options an older release had, now without effect: accepted (flag, environment, YAML) with a
-# warning saying why, so an old unit file or configuration still starts
-REMOVED_OPTIONS: dict[str, tuple[str, str]] = {
-    "overlap": (
-        "scheduler.overlap",
-        "a tick's events are handed over as soon as they are made (the delayed hand-off had no "
-        "measured gain)",
-    ),
-}
-POLICY_TRANSFORMERS = ("qos", "spec", "latency", "bmt")
+# a switch's words, in a flag's value, the environment or YAML (which reads on/off as booleans)
+SWITCH = {"on": True, "true": True, "yes": True, "1": True,
+          "off": False, "false": False, "no": False, "0": False}  # fmt: skip
+POLICY_TRANSFORMERS = tuple(TRANSFORMERS)  # the registry's names (core/policy/pipeline.py)
 AUTO = -1  # a size the daemon derives from the others
 LLAMA_MAX_SEQ = 256  # sequence ids a llama.cpp context may have
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
@@ -71,7 +55,7 @@ class Config:
     tick_budget_ms: float = 50.0
     prefill_burst: int = 256
     policy: str = "qos,spec,latency,bmt"
-    tuner: str = "on"
+    tuner: bool = True
     slo_tbt_ms: float = 0.0
     slo_ttft_ms: float = 250.0
     headroom: float = 0.2
@@ -91,7 +75,7 @@ class Config:
     pin_prefix: str = ""
     chat_template: str = ""
     seed: int | None = None
-    deterministic: str = "off"
+    deterministic: bool = False
     log_level: str = "info"
     log_format: str = "text"
 
@@ -100,11 +84,23 @@ def env_name(name: str) -> str:
     return "UMA_" + name.upper()
 
 
-def _types() -> dict[str, type]:
-    out: dict[str, type] = {}
+def switch(value: str | bool) -> bool:
+    """A switch's value: a boolean, or on/off (true/false, yes/no, 1/0) in any case."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return SWITCH[str(value).strip().lower()]
+    except KeyError:
+        raise ValueError(f"{value!r} is not on or off") from None
+
+
+def _types() -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for f in fields(Config):
         t = str(f.type)
-        out[f.name] = int if "int" in t else float if "float" in t else str
+        out[f.name] = (
+            switch if t == "bool" else int if "int" in t else float if "float" in t else str
+        )
     return out
 
 
@@ -127,22 +123,10 @@ def _from_yaml(path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in flat.items():
         name = by_key.get(key) or (key if key in OPTIONS else None)
-        if name is None and key in LEGACY_KEYS:
-            log.warning("%s: key %r is from an older design and is ignored", path, key)
-            continue
-        removed = next((n for n, (k, _) in REMOVED_OPTIONS.items() if key in (k, n)), None)
-        if removed is not None:
-            _warn_removed(removed, f"{path}: key {key!r}")
-            continue
         if name is None:
             raise ValueError(f"{path}: unknown key {key!r}")
         out[name] = value
     return out
-
-
-def _warn_removed(name: str, where: str) -> None:
-    why = REMOVED_OPTIONS[name][1]
-    log.warning("%s: option %s was removed and is ignored: %s", where, name, why)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -155,18 +139,22 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", help="YAML configuration file (env UMA_CONFIG)")
     types = _types()
     for name, (help_text, yaml_key) in OPTIONS.items():
-        default = getattr(Config, name)
         where = f"env {env_name(name)}" + (f", YAML {yaml_key}" if yaml_key else "")
-        ap.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=types[name],
-            default=None,
-            help=f"{help_text} [default: {default}; {where}]",
-        )
-    for name in REMOVED_OPTIONS:  # accepted, warned about in load
-        ap.add_argument("--" + name.replace("_", "-"), dest=name, help=argparse.SUPPRESS)
+        flag = "--" + name.replace("_", "-")
+        text = f"{help_text} [default: {shown(getattr(Config, name))}; {where}]"
+        if types[name] is switch:  # --x, --x on|off (read in load), --no-x
+            ap.add_argument(flag, dest=name, nargs="?", const=True, default=None, help=text,
+                            metavar="on|off")  # fmt: skip
+            ap.add_argument(f"--no-{flag[2:]}", dest=name, action="store_false", default=None,
+                            help=f"{flag} off")  # fmt: skip
+            continue
+        ap.add_argument(flag, dest=name, type=types[name], default=None, help=text)
     return ap
+
+
+def shown(default: Any) -> Any:
+    """A default as --help and docs/CONFIG.md write it (a switch: on or off)."""
+    return ("on" if default else "off") if isinstance(default, bool) else default
 
 
 def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Config:
@@ -182,35 +170,15 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
             values[name] = env[env_name(name)]
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
-    for name in REMOVED_OPTIONS:
-        if getattr(args, name) is not None:
-            _warn_removed(name, "--" + name.replace("_", "-"))
-        if env_name(name) in env:
-            _warn_removed(name, env_name(name))
-    for k, v in values.items():  # YAML reads an unquoted on/off as a boolean
-        if isinstance(v, bool) and types[k] is str:
-            values[k] = "on" if v else "off"
-    try:
-        typed = {k: types[k](v) if v is not None else None for k, v in values.items()}
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"invalid configuration value: {exc}") from None
-    typed.update(_split_policy(typed))
-    if typed.get("sampler") in REMOVED_SAMPLERS:
-        log.warning("--sampler %s was removed (no measured use): read as auto", typed["sampler"])
-        typed["sampler"] = "auto"
+    typed: dict[str, Any] = {}
+    for k, v in values.items():
+        try:
+            typed[k] = types[k](v) if v is not None else None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"invalid configuration value for {k}: {exc}") from None
     config = Config(**typed)
     validate(config)
     return config
-
-
-def _split_policy(values: dict[str, Any]) -> dict[str, Any]:
-    """'tuner' in --policy (an older release's spelling) is --tuner on, with a warning."""
-    names = [n.strip() for n in str(values.get("policy", Config.policy)).split(",")]
-    if "tuner" not in names:
-        return {}
-    log.warning("--policy: 'tuner' is no plan transformer; it is read as --tuner on")
-    kept = {"policy": ",".join(n for n in names if n and n != "tuner")}
-    return kept if "tuner" in values else {**kept, "tuner": "on"}
 
 
 def policy_names(c: Config) -> list[str]:
@@ -272,10 +240,6 @@ def _policy_problems(c: Config) -> list[str]:
             f"policy: unknown transformer(s) {', '.join(unknown)} (known: "
             f"{', '.join(POLICY_TRANSFORMERS)})"
         )
-    if c.tuner not in ("on", "off"):
-        problems.append("tuner must be on or off")
-    if c.deterministic not in ("on", "off"):
-        problems.append("deterministic must be on or off")
     if c.spec_draft < -1:
         problems.append("spec_draft must be -1 (auto), 0 (off) or positive")
     if c.bg_tick_ms <= 0 or c.hold_ticks < 0 or c.pause_every < 1:
@@ -358,6 +322,6 @@ def options_table() -> str:
     ]
     for name, (help_text, yaml_key) in OPTIONS.items():
         flag = "--" + name.replace("_", "-")
-        default = DEFAULT_SOCKET_DOC if name == "socket" else getattr(Config, name)
+        default = DEFAULT_SOCKET_DOC if name == "socket" else shown(getattr(Config, name))
         rows.append(f"| `{flag}` | `{env_name(name)}` | `{yaml_key}` | `{default}` | {help_text} |")
     return "\n".join(rows)

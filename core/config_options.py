@@ -68,12 +68,12 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "policy": (
         "plan transformers after the baseline, in order, comma-separated, from qos, spec, "
-        "latency, bmt ('' = baseline only; 'tuner', once listed here, is --tuner now)",
+        "latency, bmt ('' = baseline only)",
         "scheduler.policy",
     ),
     "tuner": (
-        "sweet-spot tuner (on, off): hill-climbs how many background streams the qos lanes "
-        "decode per tick and for how many ticks in a row",
+        "sweet-spot tuner (--no-tuner or off: none): hill-climbs how many background streams "
+        "the qos lanes decode per tick and for how many ticks in a row",
         "scheduler.tuner",
     ),
     "slo_tbt_ms": (
@@ -167,7 +167,7 @@ OPTIONS: dict[str, tuple[str, str | None]] = {
     ),
     "seed": ("seed for requests that give none (default: random)", "seed"),
     "deterministic": (
-        "on: a request's output depends only on the request (greedy text, and sampled text "
+        "a request's output depends only on the request (greedy text, and sampled text "
         "with a seed, bit-identical whatever ran before): one request at a time, decodes of "
         f"2..{DETERMINISTIC_BATCH} tokens, the prefix cache's entries kept on the host "
         '(docs/MEMORY.md, "Reproducible greedy output"); overrides --n-seq, --n-batch, '

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
-import math
 import signal
 import sys
 from collections.abc import Callable
@@ -17,11 +17,10 @@ from typing import TypeVar
 from uma_serve.core import config as cfg, logfmt
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, builtin_template
 from uma_serve.core.engine import Engine
-from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.faults import Faults
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, ModelFacts
-from uma_serve.core.policy.pipeline import build_policy
+from uma_serve.core.policy.pipeline import build_policy, option_overrides
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.server import CoreServer
 from uma_serve.core.socket_path import (
@@ -48,7 +47,7 @@ def on_passing_thread(work: Callable[..., T], *args: object) -> T:
 def deterministic(config: cfg.Config) -> cfg.Config:
     """--deterministic's overrides: one request at a time, every decode within
     DETERMINISTIC_BATCH tokens (docs/MEMORY.md, "Reproducible greedy output")."""
-    if config.deterministic != "on":
+    if not config.deterministic:
         return config
     n = cfg.DETERMINISTIC_BATCH
     log.info("deterministic: one request at a time, decodes of 2..%d tokens", n)
@@ -60,7 +59,7 @@ def deterministic(config: cfg.Config) -> cfg.Config:
 def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> RuntimeParams:
     cache_tokens, cache_slots = cfg.prefix_cache_size(config)
     prefix_cache = cache_tokens > 0 and cache_slots > 0
-    det = config.deterministic == "on"
+    det = config.deterministic
     return RuntimeParams(
         model_path=config.model or cfg.default_model_path(),
         n_ctx=config.n_ctx,
@@ -86,63 +85,52 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
     )
 
 
-def constraints(config: cfg.Config, facts: ModelFacts, spec_draft: int) -> Constraints:
-    names = cfg.policy_names(config)
+def constraints(config: cfg.Config, facts: ModelFacts) -> Constraints:
+    """What every part of the policy plans within (a transformer's own knobs are its
+    settings: core/policy/pipeline.py)."""
     return Constraints(
         n_batch=config.n_batch,
-        # with the latency guard on, it owns every time budget; the baseline only shares tokens
-        tick_budget_ms=math.inf if "latency" in names else config.tick_budget_ms,
+        tick_budget_ms=config.tick_budget_ms,
         prefill_burst=config.prefill_burst,
-        slo_tbt_ms=config.slo_tbt_ms or None,
         slo_ttft_ms=config.slo_ttft_ms or None,
-        headroom=config.headroom,
         bg_tick_ms=config.bg_tick_ms,
-        quiet_ms=config.quiet_ms,
-        hold_ticks=config.hold_ticks,
-        pause_every=config.pause_every,
         starve_ms=config.starve_ms,
-        bmt_budget_gbs=config.bmt_budget or None,
         model=facts,
-        spec_max_draft=spec_draft if "spec" in names else 0,
+        spec_max_draft=config.spec_draft,
         spec_max_streams=config.spec_max_streams,
     )
 
 
 def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
-    config = deterministic(config)
+    names = cfg.policy_names(config)
+    config = replace(deterministic(config), **option_overrides(names))
     on_gpu = gpu_offload(config.n_gpu_layers)
     sampler = config.sampler
     if sampler == "auto":
         sampler = "backend-topk" if on_gpu else "numpy"
     spec_draft = config.spec_draft if config.spec_draft >= 0 else (0 if on_gpu else 6)
+    config = replace(config, spec_draft=spec_draft)
     log.info("token sampling: %s; speculative draft: %d", sampler, spec_draft)
     faults = Faults.from_env()
     if faults.any:
         log.warning("fault injection on (tests only): %s", faults)
     runtime = Runtime(runtime_params(config, sampler, spec_draft))
     on_passing_thread(runtime.warm_up)
-    names = cfg.policy_names(config)
-    facts = runtime.info.facts()
     cache_tokens, cache_slots = cfg.prefix_cache_size(config)
     if not (runtime.params.n_seq_cache or runtime.params.deterministic):
         cache_tokens = 0
-    tuner = None
-    if config.tuner == "on":
-        tuner = SweetSpotTuner(s_max=config.n_seq, moe=facts.n_expert > 0)
     holder: dict[str, CoreServer] = {}
     engine = Engine(
-        runtime,
-        build_policy(names),
-        constraints(config, facts, spec_draft),
+        faults.wrap(runtime),
+        build_policy(names, dataclasses.asdict(config)),
+        constraints(config, runtime.info.facts()),
         sink=lambda batch: holder["server"].sink(batch),
         metrics=EngineMetrics(),
         seed=config.seed,
-        tuner=tuner,
-        reserved_interactive=config.reserved_interactive_seqs if "qos" in names else 0,
+        reserved_interactive=config.reserved_interactive_seqs,
         prefix_cache_tokens=cache_tokens,
         prefix_cache_slots=cache_slots,
         compute_nice=config.compute_nice,
-        fail_decode=faults.decode_fail,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()

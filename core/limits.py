@@ -23,10 +23,12 @@ class Refusal(NamedTuple):
 
 
 def prompt_bytes(req: p.Generate) -> int:
-    """What ``--max-prompt-bytes`` counts: the prompt's UTF-8 bytes, or the messages'."""
+    """What ``--max-prompt-bytes`` counts: the prompt's UTF-8 bytes, or the messages', and
+    the prefill's (the answer's given start, which the prompt ends with)."""
+    prefill = len((req.prefill or "").encode())
     if req.messages is not None:
-        return sum(len(m.content.encode()) for m in req.messages)
-    return len((req.prompt or "").encode())
+        return sum(len(m.content.encode()) for m in req.messages) + prefill
+    return len((req.prompt or "").encode()) + prefill
 
 
 def over_prompt_bytes(size: int, limit: int) -> Refusal | None:

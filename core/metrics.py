@@ -27,6 +27,13 @@ TOKEN_BUCKETS = (
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000,
 )  # fmt: skip
 
+# Upper bounds in milliseconds for the parts of one tick (a GPU's tick is ~1.5 ms, its
+# sampling a fraction of that; a CPU's tens of ms)
+TICK_BUCKETS_MS = (
+    0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500,
+    1000, 2500,
+)  # fmt: skip
+
 END_REASONS = ("stop", "length", "cancelled", "error")
 QOS_CLASSES = ("interactive", "background")
 
@@ -64,6 +71,8 @@ class EngineMetrics:
         self.tokens_generated_total = 0
         self.prompt_tokens_total = 0
         self.batch_calls_total = 0
+        self.engine_busy_seconds_total = 0.0
+        self.engine_host_seconds_total = 0.0
         self.decode_failures_total = 0
         self.requests_total = dict.fromkeys(END_REASONS, 0)
         self.prefill_guard_active = 0
@@ -95,6 +104,8 @@ class EngineMetrics:
         self.request_generation_tokens = Histogram(TOKEN_BUCKETS)
         self.prefill_ms = Histogram()
         self.decode_ms = Histogram()
+        parts = [Histogram(TICK_BUCKETS_MS) for _ in range(3)]  # a tick's
+        self.tick_decode_ms, self.tick_sample_ms, self.tick_overlap_ms = parts
         self.request_max_tokens = Histogram(TOKEN_BUCKETS)
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
@@ -108,6 +119,13 @@ class EngineMetrics:
         self.served_decoders = n_decode
         self.prompt_tokens_total += n_prefill
         self.batch_calls_total += 1
+
+    def observe_tick_parts(self, decode_ms: float, sample_ms: float, overlap_ms: float) -> None:
+        """A tick's decode (launch to device done), its sampling, and the host work done
+        between launch and collection."""
+        self.tick_decode_ms.observe(decode_ms)
+        self.tick_sample_ms.observe(sample_ms)
+        self.tick_overlap_ms.observe(overlap_ms)
 
     def observe_ttft(self, qos: str, ms: float) -> None:
         self.ttft_ms.observe(ms)
@@ -153,6 +171,9 @@ class EngineMetrics:
                 self.queue_ms.snapshot(),
                 self.prefill_ms.snapshot(),
                 self.decode_ms.snapshot(),
+                self.tick_decode_ms.snapshot(),
+                self.tick_sample_ms.snapshot(),
+                self.tick_overlap_ms.snapshot(),
             ),
             token_histograms=p.TokenHistograms(
                 self.request_prompt_tokens.snapshot(),

@@ -75,6 +75,9 @@ _DECODE = ("uma_request_decode_time_seconds", "Time from the first token to the 
 _MAX_GEN = ("uma_request_max_num_generation_tokens", "max_tokens of each finished request.")
 _PROMPT = ("uma_request_prompt_tokens", "Prompt tokens of each finished request.")
 _GENERATED = ("uma_request_generation_tokens", "Tokens generated for each finished request.")
+_TICK_DECODE = ("uma_tick_decode_seconds", "Each tick's llama_decode, launch to device done.")
+_TICK_SAMPLE = ("uma_tick_sample_seconds", "Each tick's sampling of its logits rows.")
+_TICK_OVERLAP = ("uma_tick_overlap_seconds", "Host work done while a tick's device computed.")
 _NEW_H = msgspec.field(default_factory=Histogram)
 
 
@@ -91,6 +94,19 @@ class Histograms(msgspec.Struct):
     decode_ms: Annotated[
         Histogram, _h("first token to the request's end, per request that made one", *_DECODE)
     ] = _NEW_H
+    tick_decode_ms: Annotated[
+        Histogram,
+        _h("each tick's `llama_decode`, launch to device done (less host work meanwhile)",
+           *_TICK_DECODE),
+    ] = _NEW_H  # fmt: skip
+    tick_sample_ms: Annotated[
+        Histogram, _h("each tick's sampling of its logits rows, after the device", *_TICK_SAMPLE)
+    ] = _NEW_H
+    tick_overlap_ms: Annotated[
+        Histogram,
+        _h("each tick's host work between launch and collection (on a GPU the device computes "
+           "meanwhile): finished sequences' release; 0 in most ticks", *_TICK_OVERLAP),
+    ] = _NEW_H  # fmt: skip
 
 
 class TokenHistograms(msgspec.Struct):

@@ -126,6 +126,24 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
         int,
         _m("`llama_decode` calls (ticks)", "uma_batch_calls_total", "llama_decode calls (ticks)."),
     ] = 0
+    engine_busy_seconds_total: Annotated[
+        float,
+        _m(
+            "the engine's wall time from one tick's launch to the next, while busy (seconds)",
+            "uma_engine_busy_seconds_total",
+            "Engine wall time between consecutive ticks while busy.",
+        ),
+    ] = 0.0
+    engine_host_seconds_total: Annotated[
+        float,
+        _m(
+            "the part of the busy time outside `llama_decode` and its wait for the device "
+            "(sampling, detokenizing, scheduling, events): on a GPU the device waits meanwhile; "
+            "host / busy is the engine's idle share (bench's scorecard)",
+            "uma_engine_host_seconds_total",
+            "Engine busy time outside llama_decode and the device wait.",
+        ),
+    ] = 0.0
     decode_failures_total: Annotated[
         int,
         _m(

@@ -66,8 +66,24 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
     content: str
 
 
+class Sampling(msgspec.Struct, kw_only=True):
+    """A request's sampling parameters, their bounds and defaults: the one definition. The
+    wire's ``Generate`` extends it and the sampler (core/sampling.py) reads it as it is."""
+
+    # defaults as llama.cpp's server: truncation keeps small models coherent
+    temperature: NonNegFloat = 0.8
+    top_p: Prob = 0.95
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
+    min_p: Prob = 0.05
+    seed: Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 1.0
+    logit_bias: LogitBias | None = None
+
+
 class Generate(
-    msgspec.Struct, tag_field="type", tag="generate", forbid_unknown_fields=True, kw_only=True
+    Sampling, tag_field="type", tag="generate", forbid_unknown_fields=True, kw_only=True
 ):
     """A generation. Exactly one of ``prompt`` and ``messages``."""
 
@@ -75,17 +91,7 @@ class Generate(
     prompt: str | None = None
     messages: list[Message] | None = None
     max_tokens: PositiveInt = 256
-    # sampling defaults as llama.cpp's server: truncation keeps small models coherent
-    temperature: NonNegFloat = 0.8
-    top_p: Prob = 0.95
-    top_k: Annotated[int, msgspec.Meta(ge=0)] = 40
-    min_p: Prob = 0.05
-    seed: Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)] | None = None
     stop: str | list[str] | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
-    repeat_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=10.0)] = 1.0
-    logit_bias: LogitBias | None = None
     # log-probabilities of each generated token and of the top ``logprobs`` alternatives
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     stream: bool = True
@@ -95,6 +101,8 @@ class Generate(
     grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     # n > 1: n sequences admitted together or not at all (core/group.py), ids "<id>-<i>"
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP)] = 1
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
+    prefill: str | None = None  # the answer's given start: it ends the prompt, is not generated
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

@@ -24,24 +24,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
 from uma_serve.core import protocol as p
-from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.runtime.params import SamplingParams
+from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
-
-
-class Constraint(Protocol):
-    """What a grammar (core/runtime/grammar.py) does for the chain."""
-
-    def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray: ...
-    def allowed(self, row: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]: ...
-    def accept(self, token: int) -> None: ...
-    def free(self) -> None: ...
+PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
 
 
 class Candidates(NamedTuple):
@@ -55,23 +46,25 @@ class Candidates(NamedTuple):
 
 
 class SamplerState:
-    """One sequence's sampling: its parameters, RNG, the history penalties look at, and its
-    grammar; ``full_row`` when the device's top-k cannot stand in for its logits row."""
+    """One sequence's sampling: its parameters (the request's own, core/protocol.py), RNG, the
+    history penalties look at, and its grammar; ``full_row`` when the device's top-k cannot
+    stand in for its logits row."""
 
     def __init__(
-        self, params: SamplingParams, default_seed: int, grammar: Constraint | None = None
+        self, params: p.Sampling, default_seed: int, grammar: Constraint | None = None
     ) -> None:
         self.p = params
         seed = params.seed if params.seed is not None else default_seed
         self.rng = np.random.Generator(np.random.PCG64(seed))
-        self.history: deque[int] = deque(maxlen=max(params.penalty_last_n, 0))
+        self.history: deque[int] = deque(maxlen=PENALTY_LAST_N)
         self.penalized = (
             params.repeat_penalty != 1.0
             or params.frequency_penalty != 0.0
             or params.presence_penalty != 0.0
         )
-        self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
-        self.bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        bias = params.logit_bias or {}
+        self.bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self.grammar = grammar
         self.full_row = False
 
@@ -252,20 +245,6 @@ class Row(NamedTuple):
     logprobs: int | None = None
 
 
-def sampling_params(req: p.Generate) -> SamplingParams:
-    return SamplingParams(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        seed=req.seed,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        repeat_penalty=req.repeat_penalty,
-        logit_bias=tuple(sorted((req.logit_bias or {}).items())),
-    )
-
-
 class Sampler:
     """Samples a decode's rows; owns which sequences have their device top-k detached."""
 
@@ -280,7 +259,7 @@ class Sampler:
 
     def new(self, seq_id: int, req: p.Generate, default_seed: int) -> SamplerState:
         grammar = None if req.grammar is None else self.runtime.grammar(req.grammar)
-        state = SamplerState(sampling_params(req), default_seed, grammar)
+        state = SamplerState(req, default_seed, grammar)
         if not self.device_k:
             return state
         state.full_row = state.needs_full_row(self.device_k) or req.logprobs is not None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 
-from uma_serve.core import protocol as p
+from uma_serve.core import chat_extras, protocol as p
 from uma_serve.core.chat import ChatTemplate, ChatTemplateError, normalize
 from uma_serve.core.config import Config
 from uma_serve.core.engine import Engine, Outgoing, Submission
@@ -242,12 +242,13 @@ class CoreServer:
                 return p.E_MODEL, "the model has no chat template: send a prompt instead"
             try:
                 turns = normalize([(m.role, m.content) for m in req.messages])
-                parts = self.chat.render_parts(turns)
+                parts = self.chat.render_parts(turns, req.chat_template_kwargs)
             except ChatTemplateError as exc:
                 return p.E_TEMPLATE, f"the chat template refused the messages: {exc}"
-            tokens = self.chat_tokenizer.tokenize(parts)  # content never parsed as markup
+            prefill = [(req.prefill, False)] if req.prefill else []  # plain text, as content
+            tokens = self.chat_tokenizer.tokenize(parts + prefill)  # content never markup
         else:
-            tokens = self.tokenizer.tokenize(req.prompt or "")
+            tokens = self.tokenizer.tokenize((req.prompt or "") + (req.prefill or ""))
         if not tokens:
             return p.E_PROTO, "the prompt is empty"
         room = self.runtime.n_ctx_per_seq
@@ -278,6 +279,8 @@ class CoreServer:
             return p.E_BUSY, f"{held}, room for {len(subs)} more is over max_sessions: retry later"
         if over := over_limits(req, c.max_tokens, c.max_prompt_bytes, self.runtime.n_vocab):
             return over.code, over.message
+        if (extras := chat_extras.problem(req)) is not None:
+            return p.E_PROTO, f"invalid generate request: {extras}"
         if req.grammar is not None:
             try:
                 check_grammar(self.runtime.vocab, req.grammar)

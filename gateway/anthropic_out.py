@@ -91,14 +91,15 @@ class MessagesAnswer(Answer):
 
     def __init__(self, gen: p.Generate, model: str, tool_mode: str | None) -> None:
         self.id, self.model = "msg_" + gen.id.removeprefix("chatcmpl-"), model
-        self.forced = tool_mode == "forced"
-        self.parser = ToolCallParser(forced=self.forced) if tool_mode is not None else None
+        self.forced, self.prefix = tool_mode == "forced", gen.prefill or ""
+        parser = ToolCallParser(forced=self.forced, buf=self.prefix)
+        self.parser = parser if tool_mode is not None else None
         self.blocks = _Blocks()
 
     def whole(self, results: list[Result]) -> dict[str, Any]:
         """The whole ``message``: the answer's text as a text block, then its calls."""
         text, reason, usage, _ = results[0]
-        found, calls = read_calls(text, self.forced) if self.parser else (text, [])
+        found, calls = read_calls(text, self.forced, self.prefix) if self.parser else (text, [])
         content: list[dict[str, Any]] = [{"type": "text", "text": found}] if found else []
         for c in calls:
             content.append({"type": "tool_use", "id": c.id, "name": c.name,

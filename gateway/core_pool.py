@@ -108,6 +108,11 @@ class CorePool:
             self._info_refresh = asyncio.ensure_future(self._refresh_info())
         return self._info
 
+    @property
+    def cached_info(self) -> p.InfoEvent | None:
+        """The info last fetched (None before any, or since a reconnect): asks nothing."""
+        return self._info
+
     async def fresh_info(self) -> p.InfoEvent:
         """The core's info asked now (a round trip): raises CoreError while it is down."""
         return await self._fetch_info()

@@ -51,10 +51,14 @@ def _converter_module() -> ModuleType:
     return module
 
 
-def _convert(schema: Any, root: str, param: str) -> Any:
-    """A SchemaConverter that has visited ``schema`` as rule ``root``."""
-    mod = _converter_module()
-    conv = mod.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+def _convert(schema: Any, root: str, param: str, conv: Any = None) -> Any:
+    """A SchemaConverter (``conv``, else a new one) that has visited ``schema`` as rule
+    ``root``."""
+    if conv is None:
+        mod = _converter_module()
+        conv = mod.SchemaConverter(
+            prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+        )
     try:
         if not isinstance(schema, dict):
             raise ValueError("a JSON schema must be an object")
@@ -120,33 +124,75 @@ def call_schema(function: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def call_prefix(functions: list[dict[str, Any]]) -> str:
+    """What every forced answer starts with, known before it is generated: the call's
+    opening tag and, with one function to call, its name up to the arguments' value. It is
+    put in the prompt (the core's ``prefill``) instead of being sampled token by token, and
+    the grammar (``tool_call_grammar`` with ``prefilled``) goes on from there."""
+    head = f'{TOOL_OPEN}\n{{"name": "'
+    if len(functions) == 1:
+        return f'{head}{functions[0]["name"]}", "arguments":'
+    return head
+
+
 def tool_call_grammar(
-    functions: list[dict[str, Any]], parallel: bool, optional: bool = False
+    functions: list[dict[str, Any]],
+    parallel: bool,
+    optional: bool = False,
+    prefilled: bool = False,
 ) -> str:
     """GBNF for a tool call (or up to MAX_PARALLEL_CALLS of them) in the documented format
     (docs/GATEWAY.md "Tool calls"), each to one of ``functions``. ``optional`` (tool_choice
     auto): the answer may instead be any text that does not start with the call's opening
-    tag, so a call the model starts is always a valid one."""
+    tag, so a call the model starts is always a valid one. ``prefilled`` (a forced call):
+    the answer starts after ``call_prefix``, which the prompt ends with; when it holds one
+    call, it ends with the arguments (the parser has the call then: gateway/tool_calls.py),
+    so neither the fixed head nor the fixed close is sampled token by token."""
     defs: dict[str, Any] = {}
-    schemas = []
+    params = []
     for i, f in enumerate(functions):
         check_depth(f.get("parameters"), f"tools[{i}].function.parameters")
         # each function's "#/$defs/..." refers to its own parameters, not to this wrapper
-        params = _hoisted(f.get("parameters"), f"fn{i}-", defs)
-        schemas.append(call_schema({**f, "parameters": params}))
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    if defs:
-        schema = {**schema, "$defs": defs}
-    conv = _convert(schema, "call", "tools")
+        params.append(_hoisted(f.get("parameters"), f"fn{i}-", defs))
+    conv = None
+    if parallel or not prefilled:
+        schemas = [
+            call_schema({**f, "parameters": p}) for f, p in zip(functions, params, strict=True)
+        ]
+        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        conv = _convert({**schema, "$defs": defs} if defs else schema, "call", "tools")
     block = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
     more = f' ("\\n" {block}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    calls = conv._add_rule("tool-calls", f"{block}{more}")
+    if prefilled:
+        conv, first = _rest_of_first_call(conv, functions, params, defs)
+        if parallel:  # a single call ends with its arguments: its close is never read
+            first += f' "}}" space "\\n{TOOL_CLOSE}"'
+    else:
+        first = block
+    assert conv is not None
+    calls = conv._add_rule("tool-calls", f"{first}{more}")
     if optional:
         text = conv._add_rule("free-text", _not_starting_with(TOOL_OPEN))
         conv._add_rule("root", f"{calls} | {text}")
     else:
         conv._add_rule("root", calls)
     return _format(conv, "tools")
+
+
+def _rest_of_first_call(
+    conv: Any, functions: list[dict[str, Any]], params: list[Any], defs: dict[str, Any]
+) -> tuple[Any, str]:
+    """The converter and a rule body for the first call after ``call_prefix``: (with several
+    functions, the rest of one's name, then) its arguments."""
+    options = []
+    for i, (f, p) in enumerate(zip(functions, params, strict=True)):
+        schema = p if p is not None else {"type": "object"}
+        if defs and isinstance(schema, dict):
+            schema = {**schema, "$defs": defs}
+        conv = _convert(schema, f"arguments{i}", "tools", conv)
+        name = "" if len(functions) == 1 else json.dumps(f'{f["name"]}", "arguments":') + " "
+        options.append(f"{name}space arguments{i}")
+    return conv, f"({' | '.join(options)})"
 
 
 def _not_starting_with(marker: str) -> str:

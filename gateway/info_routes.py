@@ -12,9 +12,9 @@ from starlette.responses import JSONResponse, Response
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import limits, protocol as p
-from uma_serve.gateway import model_names, openai_schema as schema
+from uma_serve.gateway import model_names, model_routing, openai_schema as schema
 from uma_serve.gateway.errors import bad_request, from_core_error, over_limit
-from uma_serve.gateway.intake import check_json_body, check_model, core_info, read_body
+from uma_serve.gateway.intake import check_json_body, core_info, read_body
 from uma_serve.gateway.streaming import ClientGone
 
 
@@ -28,7 +28,7 @@ async def fresh_core_infos(request: Request) -> list[p.InfoEvent]:
 
 
 def _distinct_models(infos: list[p.InfoEvent]) -> list[p.InfoEvent]:
-    return list({info.model: info for info in infos}.values())
+    return list({model_names.own_names(info): info for info in infos}.values())
 
 
 def _named(infos: list[p.InfoEvent], request: Request) -> list[tuple[str, p.InfoEvent]]:
@@ -45,9 +45,13 @@ async def list_models(request: Request) -> Response:
 
 async def get_model(request: Request) -> Response:
     infos = _distinct_models(await fresh_core_infos(request))
-    name = request.path_params["model"]
-    info = next((i for n, i in _named(infos, request) if n == name), infos[0])
-    return JSONResponse(_model_card(info, request, check_model(request, name, info)))
+    settings = request.app.state.settings
+    pairs = [(str(i), info) for i, info in enumerate(infos)]
+    models = model_routing.group(pairs, settings.served_model_names)
+    name, model = model_routing.pick(
+        models, request.path_params["model"], settings.strict_model_name
+    )
+    return JSONResponse(_model_card(model.info, request, name))
 
 
 def _model_card(info: p.InfoEvent, request: Request, name: str) -> dict[str, Any]:
@@ -80,8 +84,7 @@ async def _small_body(request: Request, kind: type) -> Any:
     except ClientGone:
         return None
     req = schema.decode(body, kind)
-    if req.model is not None:
-        check_model(request, req.model, await core_info(request))
+    await model_routing.resolve(request, req.model)  # with several models: that one's cores
     return req
 
 

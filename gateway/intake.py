@@ -14,7 +14,6 @@ from starlette.requests import ClientDisconnect, Request
 
 from uma_serve.clients.client import CoreError
 from uma_serve.core import protocol as p
-from uma_serve.gateway import model_names
 from uma_serve.gateway.errors import ApiError, from_core_error, too_many_requests
 from uma_serve.gateway.streaming import ClientGone
 
@@ -103,12 +102,6 @@ async def core_info(request: Request) -> p.InfoEvent:
         return await request.app.state.router.info()
     except CoreError as exc:
         raise from_core_error(exc) from None
-
-
-def check_model(request: Request, name: str | None, info: p.InfoEvent) -> str:
-    """The response's model name, or 404 (gateway/model_names.py says which names pass)."""
-    settings = request.app.state.settings
-    return model_names.resolve(name, info, settings.served_model_names, settings.strict_model_name)
 
 
 async def body_and_place(request: Request) -> tuple[bytes, Any, Callable[[], None]]:

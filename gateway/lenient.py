@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from msgspec import inspect as mi
 
+from uma_serve.core import protocol as p
 from uma_serve.gateway.errors import ApiError
 from uma_serve.gateway.nesting import deep_param, too_deep
 
@@ -90,15 +91,20 @@ def _shape_fits(data: Any, info: mi.Type) -> bool:
     return False
 
 
+# the core's sampling parameters that routes.sampling maps itself (OpenAI's defaults, forms)
+_OPENAI_SAMPLING = {"temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
+                    "logit_bias"}  # fmt: skip
+_EXTRAS = tuple(n for n in p.Sampling.__struct_fields__ if n not in _OPENAI_SAMPLING)
+
+
 def sampling_extras(req: Any) -> dict[str, Any]:
-    """llama-server's and vLLM's sampling extras as the core's Generate fields (top_k -1 is
-    vLLM's "off", the core's 0; ``repetition_penalty`` is vLLM's ``repeat_penalty``)."""
-    out: dict[str, Any] = {}
-    if req.top_k is not None:
-        out["top_k"] = max(req.top_k, 0)
-    if req.min_p is not None:
-        out["min_p"] = req.min_p
-    penalty = req.repeat_penalty if req.repeat_penalty is not None else req.repetition_penalty
-    if penalty is not None:
-        out["repeat_penalty"] = penalty
+    """The core's other sampling parameters (core/protocol.py's ``Sampling``) the body sets
+    under their own names, as they are: one added there and to the body's Struct needs nothing
+    here. vLLM's spellings: top_k -1 is "off" (the core's 0), ``repetition_penalty`` is
+    ``repeat_penalty``."""
+    out = {name: v for name in _EXTRAS if (v := getattr(req, name, None)) is not None}
+    if "top_k" in out:
+        out["top_k"] = max(out["top_k"], 0)
+    if "repeat_penalty" not in out and getattr(req, "repetition_penalty", None) is not None:
+        out["repeat_penalty"] = req.repetition_penalty
     return out

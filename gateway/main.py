@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
+from dataclasses import asdict, fields
+from typing import Any
 
 import uvicorn
 
@@ -16,8 +17,6 @@ from uma_serve.gateway.early_close import close_unread_body
 from uma_serve.gateway.http_limits import limited_protocol
 from uma_serve.gateway.logs import log_config
 from uma_serve.gateway.tcp_cork import cork_response_head
-
-DEFAULTS = Settings()  # the options' defaults are the Settings' own
 
 
 def env_list(name: str) -> list[str]:
@@ -35,17 +34,22 @@ def parser() -> argparse.ArgumentParser:
     _add_limit_arguments(ap)
     _add_behaviour_arguments(ap)
     _add_logging_arguments(ap)
+    ap.set_defaults(**settings_defaults())
     return ap
+
+
+def settings_defaults() -> dict[str, Any]:
+    """The defaults of the flags that set Settings are its own (one place); with no
+    --core-socket or --api-key, the environment decides (settings_from)."""
+    return {**asdict(Settings()), "core_sockets": None, "api_keys": None}
 
 
 def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
     """The cores behind the gateway and how requests are routed among them."""
     ap.add_argument(
         "--core-socket",
-        action="append",
-        default=None,
         dest="core_sockets",
-        metavar="CORE_SOCKET",
+        action="append",
         help="a core's Unix socket; repeat it to put several cores (one umad each) behind "
         "this gateway (env UMA_SOCKET, comma-separated; default umad's: "
         "$XDG_RUNTIME_DIR/uma/uma.sock, else /run/uma/uma.sock for root)",
@@ -53,14 +57,12 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--routing",
         choices=["affinity", "round-robin"],
-        default=DEFAULTS.routing,
         help="with several cores: affinity (a session's or a prompt's start keeps its core, "
         "so the prefix cache hits) or round-robin",
     )
     ap.add_argument(
         "--affinity-chars",
         type=int,
-        default=DEFAULTS.affinity_chars,
         help="with several cores and no session key (X-Session-Id header or OpenAI 'user'): "
         "the leading characters of a prompt, or of each chat message up to the first user "
         "message, that pick the core",
@@ -68,7 +70,6 @@ def _add_core_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--balance-slack",
         type=int,
-        default=DEFAULTS.balance_slack,
         help="with several cores: the preferred core is passed over for the least-loaded one "
         "when it holds more than this many requests in flight beyond it",
     )
@@ -79,21 +80,18 @@ def _add_liveness_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--health-interval",
         type=float,
-        default=DEFAULTS.health_interval,
         help="seconds between health checks of each core (with several cores, a core that "
         "fails leaves the rotation at once, and returns at the first check it passes)",
     )
     ap.add_argument(
         "--liveness-timeout",
         type=float,
-        default=DEFAULTS.liveness_timeout,
         help="seconds a core has to answer a health check; a core that does not is taken as "
         "hung: its connections are closed and requests get 503 at once until it answers",
     )
     ap.add_argument(
         "--first-event-timeout",
         type=float,
-        default=DEFAULTS.first_event_timeout,
         help="seconds a streamed request waits for the core's first event (its first token, "
         "queueing included); later: 503 core_timeout (0: no limit)",
     )
@@ -105,18 +103,14 @@ def _add_http_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     ap.add_argument(
         "--api-key",
-        action="append",
-        default=None,
         dest="api_keys",
-        metavar="API_KEY",
+        action="append",
         help="accepted bearer key for /v1/* (repeatable; env UMA_API_KEY, comma-separated)",
     )
     ap.add_argument(
         "--cors-origin",
-        action="append",
-        default=[],
         dest="cors_origins",
-        metavar="CORS_ORIGIN",
+        action="append",
         help="origin allowed by CORS (repeatable; none by default; '*' for any)",
     )
 
@@ -126,19 +120,12 @@ def _add_limit_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--max-inflight",
         type=int,
-        default=DEFAULTS.max_inflight,
         help="generation requests held at once; more get 429 + Retry-After (0: no limit)",
     )
-    ap.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=DEFAULTS.max_body_bytes,
-        help="largest request body (413 beyond)",
-    )
+    ap.add_argument("--max-body-bytes", type=int, help="largest request body (413 beyond)")
     ap.add_argument(
         "--body-timeout",
         type=float,
-        default=DEFAULTS.body_timeout,
         help="seconds a request body may take to arrive after its headers; later: 408 and the "
         "connection closes (0: no limit)",
     )
@@ -168,14 +155,12 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--shutdown-grace",
         type=float,
-        default=DEFAULTS.shutdown_grace,
         help="on SIGTERM, seconds running requests may finish; then a stream ends with an "
         "error chunk and [DONE], a request still waiting gets 503 shutting_down",
     )
     ap.add_argument(
         "--default-max-tokens",
         type=int,
-        default=DEFAULTS.default_max_tokens,
         help="a chat request's max_tokens when it sets none (capped at the core's --max-tokens)",
     )
     ap.add_argument(
@@ -184,23 +169,21 @@ def _add_behaviour_arguments(ap: argparse.ArgumentParser) -> None:
         help="/metrics also exports the families vLLM has under vLLM's own 'vllm:' names, for "
         "dashboards made for vLLM (off by default: promtool's lint flags the colon)",
     )
-    ap.add_argument(
-        "--pool-size", type=int, default=DEFAULTS.pool_size, help="connections to the core"
-    )
+    ap.add_argument("--pool-size", type=int, help="connections to the core")
     ap.add_argument(
         "--served-model-name",
-        action="append",
-        default=[],
         dest="served_model_names",
-        metavar="SERVED_MODEL_NAME",
+        action="append",
         help="a name the model answers to (repeatable; the first is its id in /v1/models); "
-        "the GGUF's internal name and its file's stem are accepted too",
+        "the GGUF's internal name and its file's stem are accepted too; ALIAS=MODEL: a name "
+        "of the model whose internal name or file stem is MODEL only (cores serving "
+        "different models)",
     )
     ap.add_argument(
         "--strict-model-name",
         action="store_true",
         help="a request naming a model that is not one of its names gets 404 (by default, "
-        "with one model served, any name is accepted)",
+        "with one model served, any name is accepted; with several, never)",
     )
     ap.add_argument(
         "--strict-fields",
@@ -229,13 +212,12 @@ def _add_logging_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    """The app's Settings, each field the option of the same name (the parser's ``dest``);
-    the key and socket lists fall back to their environment variables."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
-    if args.api_keys is None:
-        given["api_keys"] = env_list("UMA_API_KEY")
-    given["core_sockets"] = args.core_sockets or env_list("UMA_SOCKET") or [DEFAULT_SOCKET]
-    return Settings(**given)
+    """Settings from the parsed flags, each field from its flag's ``dest`` of the same name."""
+    values = {f.name: getattr(args, f.name) for f in fields(Settings)}
+    if values["api_keys"] is None:
+        values["api_keys"] = env_list("UMA_API_KEY")
+    values["core_sockets"] = values["core_sockets"] or env_list("UMA_SOCKET") or [DEFAULT_SOCKET]
+    return Settings(**values)
 
 
 def main(argv: list[str] | None = None) -> None:

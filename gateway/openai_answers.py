@@ -215,12 +215,13 @@ class ToolChatAnswer(ChatAnswer):
     """A chat completion whose tool calls are read from the text (gateway/tool_calls.py):
     streamed, a token gives content, a call's first chunk (id, type, name), a piece of its
     arguments, or nothing while undecided; ``forced``: the grammar makes every answer calls.
-    Log-probabilities are not streamed in this mode."""
+    ``prefix``: the answer's start the prompt ends with (a forced call's head: the core's
+    prefill), read before the text. Log-probabilities are not streamed in this mode."""
 
-    def __init__(self, id: str, model: str, *, forced: bool, **kw: Any) -> None:
+    def __init__(self, id: str, model: str, *, forced: bool, prefix: str = "", **kw: Any) -> None:
         super().__init__(id, model, **kw)
-        self.forced = forced
-        self._parsers = [ToolCallParser(forced=forced) for _ in range(self.n)]
+        self.forced, self.prefix = forced, prefix
+        self._parsers = [ToolCallParser(forced=forced, buf=prefix) for _ in range(self.n)]
 
     def _deltas(self, i: int, deltas: list[dict[str, Any]]) -> bytes:
         return b"".join(
@@ -247,7 +248,7 @@ class ToolChatAnswer(ChatAnswer):
     def choice(
         self, i: int, text: str, reason: str, usage: p.Usage, lps: list[p.Logprobs] | None
     ) -> dict[str, Any]:
-        content, calls = read_calls(text, self.forced)  # as the stream reads it
+        content, calls = read_calls(text, self.forced, self.prefix)  # as the stream reads it
         if calls and reason == "stop":
             reason = "tool_calls"
         out = super().choice(i, text, reason, usage, lps)

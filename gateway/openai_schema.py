@@ -216,11 +216,14 @@ class ChatRequest(_Sampling, kw_only=True):
     tools: Annotated[list[Tool], msgspec.Meta(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and llama-server's: more variables for the chat template (enable_thinking...)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
         self.check_common()
         if not self.messages:
             raise bad_request("messages must not be empty", "messages")
+        check_template_kwargs(self.chat_template_kwargs)
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         for i, tool in enumerate(self.tools or []):
@@ -270,6 +273,28 @@ class ChatRequest(_Sampling, kw_only=True):
             role = "system" if m.role == "developer" else m.role
             out.append({"role": role, "content": m.text(i)})
         return out
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """The core's checks of chat_template_kwargs, as 400s naming the field."""
+    if kwargs is None:
+        return
+    check_depth(kwargs, "chat_template_kwargs")
+    if "messages" in kwargs:
+        msg = "chat_template_kwargs cannot replace the messages"
+        raise bad_request(msg, "chat_template_kwargs.messages", "invalid_value")
+    if _has_nul(kwargs):  # as the core refuses it (docs/PROTOCOL.md)
+        msg = "chat_template_kwargs contains a NUL byte (\\u0000)"
+        raise bad_request(msg, "chat_template_kwargs", "invalid_value")
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a string of ``value`` (keys too) holds a NUL; its depth is bounded already."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return isinstance(value, list) and any(_has_nul(v) for v in value)
 
 
 _AT = re.compile(r"at `\$\.?([^`]*)`")

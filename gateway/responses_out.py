@@ -62,8 +62,9 @@ class ResponsesAnswer(Answer):
         self.id = "resp_" + gen.id.removeprefix("chatcmpl-")
         self.created = int(time.time())
         self.temperature, self.top_p = gen.temperature, gen.top_p
-        self.forced = tool_mode == "forced"
-        self.parser = ToolCallParser(forced=self.forced) if tool_mode is not None else None
+        self.forced, self.prefix = tool_mode == "forced", gen.prefill or ""
+        parser = ToolCallParser(forced=self.forced, buf=self.prefix)
+        self.parser = parser if tool_mode is not None else None
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.item: dict[str, Any] | None = None  # the item being written
@@ -103,7 +104,7 @@ class ResponsesAnswer(Answer):
     def whole(self, results: list[Result]) -> dict[str, Any]:
         """The whole ``response``: the answer's text as a message, then its calls."""
         text, reason, usage, _ = results[0]
-        content, calls = read_calls(text, self.forced) if self.parser else (text, [])
+        content, calls = read_calls(text, self.forced, self.prefix) if self.parser else (text, [])
         output = [_message(content)] if content else []
         output += [_call(c.id, c.name, c.arguments) for c in calls]
         self.output = output

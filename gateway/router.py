@@ -54,6 +54,7 @@ class RouteNote:
 
     session: str | None = None
     core: str | None = None
+    cores: frozenset[str] | None = None  # those serving the model it names; None: any
 
 
 NOTE: contextvars.ContextVar[RouteNote | None] = contextvars.ContextVar("uma_route", default=None)
@@ -140,8 +141,9 @@ class Router:
     def order(self, gen: p.Generate) -> tuple[list[Core], str]:
         """The cores to try, in order, and why the first was chosen. Live cores first; those
         marked down last (a request still tries them rather than fail while one may be back)."""
-        live = [c for c in self.cores if c.up]
-        down = [c for c in self.cores if not c.up]
+        cores = self.eligible()
+        live = [c for c in cores if c.up]
+        down = [c for c in cores if not c.up]
         if self.routing == "round-robin":
             if live:
                 k = next(self._turn) % len(live)
@@ -149,7 +151,7 @@ class Router:
             return live + down, "round_robin"
         note = NOTE.get()
         key = affinity_key(gen, note.session if note else None, self.affinity_chars)
-        names = rank(key, [c.name for c in self.cores])
+        names = rank(key, [c.name for c in cores])
         ranked = [self.by_name[n] for n in names]
         live = [c for c in ranked if c.up]
         down = [c for c in ranked if not c.up]
@@ -161,6 +163,14 @@ class Router:
                 live.insert(0, least)
                 reason = "balance"
         return live + down, reason
+
+    def eligible(self) -> list[Core]:
+        """The cores that may take the current request: with cores serving different
+        models, those serving the one it names (gateway/model_routing.py); else all."""
+        note = NOTE.get()
+        if note is None or note.cores is None:
+            return self.cores
+        return [c for c in self.cores if c.name in note.cores]
 
     def stream(self, gen: p.Generate) -> AsyncIterator[p.Event]:
         """The request's events from the core chosen for it (see the module's docstring)."""
@@ -174,7 +184,7 @@ class Router:
         """A request with ``n`` > 1 on one core: the first of its ranking not hung (a group
         is not moved to another core)."""
         cores = [c for c in self.order(gen)[0] if not c.why_hung] if self.single is None else []
-        core = cores[0] if cores else self.cores[0]
+        core = cores[0] if cores else self.eligible()[0]
         if core.why_hung:
             return liveness.refused(liveness.hung_error(core))
         note = NOTE.get()
@@ -272,11 +282,11 @@ class Router:
     # --- what the routes ask ---------------------------------------------------------------
 
     async def info(self) -> p.InfoEvent:
-        """The served model's info, from a live core (all cores serve the same model)."""
+        """The model's info, from a live core of those that may take the request."""
         if self.single is not None:
             return await self.single.info()
         last: CoreError | None = None
-        for core in sorted(self.cores, key=lambda c: not c.up):
+        for core in sorted(self.eligible(), key=lambda c: not c.up):
             try:
                 return await core.pool.info()
             except CoreError as exc:
@@ -286,9 +296,9 @@ class Router:
         raise last
 
     async def ask(self, request: AdminRequest, answer: type[E]) -> E:
-        """An admin request answered by one live core (all serve the same model)."""
+        """An admin request answered by one live core of those that may take it."""
         last: CoreError | None = None
-        for core in sorted(self.cores, key=lambda c: not c.up):
+        for core in sorted(self.eligible(), key=lambda c: not c.up):
             try:
                 return await core.pool.ask(request, answer)
             except CoreError as exc:

@@ -19,13 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from uma_serve.core import limits, protocol as p
-from uma_serve.gateway import dispatch, lenient, openai_schema as schema
+from uma_serve.gateway import dispatch, lenient, model_routing, openai_schema as schema
 from uma_serve.gateway.answer import Job
 from uma_serve.gateway.errors import ApiError, bad_request, over_limit
-from uma_serve.gateway.intake import check_model, core_info
 from uma_serve.gateway.openai_answers import ChatAnswer, TextAnswer, ToolChatAnswer
 from uma_serve.gateway.router import note_session
-from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of
+from uma_serve.gateway.tool_prompt import grammar_of, grammar_param_of, prefill_of
 
 QOS_HEADER = "x-uma-qos"
 
@@ -43,8 +42,7 @@ async def completion_job(request: Request, body: bytes) -> Job:
     req = decode(request, body, schema.CompletionRequest)
     note_session(req.user)  # the affinity key with several cores (gateway/router.py)
     qos = qos_of(request, req)
-    info = await core_info(request)
-    model = check_model(request, req.model, info)
+    model, info = await model_routing.resolve(request, req.model)
     rid = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
     text = req.prompt_text
     gen = generate_request(
@@ -68,28 +66,31 @@ async def chat_job(request: Request, body: bytes) -> Job:
     gen, model = await chat_generate(request, req)
     kw: dict[str, Any] = {"n": gen.n, "include_usage": req.include_usage}
     if req.tool_mode is not None:
-        answer: ChatAnswer = ToolChatAnswer(gen.id, model, forced=req.tool_mode == "forced", **kw)
+        forced, prefix = req.tool_mode == "forced", gen.prefill or ""
+        answer: ChatAnswer = ToolChatAnswer(gen.id, model, forced=forced, prefix=prefix, **kw)
     else:
         answer = ChatAnswer(gen.id, model, **kw)
     return Job(gen, answer, "messages", grammar_param_of(req))
 
 
 async def chat_generate(request: Request, req: schema.ChatRequest) -> tuple[p.Generate, str]:
-    """A chat request checked against the core's info: the core request and the response's
-    model name."""
+    """A chat request checked against the info of a core serving its model: the core request
+    (a forced tool call's known start as its ``prefill``) and the response's model name."""
     note_session(req.user)
     qos = qos_of(request, req)
-    info = await core_info(request)
-    model = check_model(request, req.model, info)
+    model, info = await model_routing.resolve(request, req.model)
     rid = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
     default = min(request.app.state.settings.default_max_tokens, info.max_tokens)
     param = req.max_tokens_param
+    prefill = prefill_of(req)  # a forced call's known start: in the prompt, not sampled
     gen = generate_request(
         id=rid,
         messages=[p.Message(**m) for m in req.core_messages()],
         max_tokens=check_max_tokens(req.requested_max_tokens, default, param),
         qos=qos,
         grammar=grammar_of(req),
+        chat_template_kwargs=req.chat_template_kwargs,
+        prefill=prefill or None,
         n=req.n or 1,
         **sampling(req),
     )

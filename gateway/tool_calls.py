@@ -165,10 +165,11 @@ class ToolCallParser:
         return self.given if self.mode != "text" else []
 
 
-def read_calls(text: str, forced: bool) -> tuple[str | None, list[Call]]:
-    """A whole answer read as its stream would be: the content (None once a call was made or
-    had to be: never markup as content) and the complete calls given out."""
-    parser = ToolCallParser(forced=forced)
+def read_calls(text: str, forced: bool, prefix: str = "") -> tuple[str | None, list[Call]]:
+    """A whole answer read as its stream would be, after ``prefix`` (its prefilled start):
+    the content (None once a call was made or had to be: never markup as content) and the
+    complete calls given out."""
+    parser = ToolCallParser(forced=forced, buf=prefix)
     deltas = parser.feed(text) + parser.finish()
     content = "".join(d.get("content", "") for d in deltas)
     called = bool(parser.calls) or forced

@@ -57,7 +57,7 @@ def grammar_of(req: ChatRequest) -> str | None:
         functions = [_builtin(f) for f in req.forced_functions()]
         # a named function is called once (as OpenAI and vLLM do); "required" may call several
         parallel = req.parallel_tool_calls is not False and isinstance(req.tool_choice, str)
-        return gbnf.tool_call_grammar(functions, parallel)
+        return gbnf.tool_call_grammar(functions, parallel, prefilled=True)
     fmt = req.response_format
     if req.tool_mode == "auto" and (fmt is None or fmt.type == "text"):
         functions = [_builtin(t.function) for t in req.tools or []]
@@ -69,6 +69,14 @@ def grammar_of(req: ChatRequest) -> str | None:
         return gbnf.JSON_OBJECT
     assert fmt.json_schema is not None
     return gbnf.json_schema_grammar(fmt.json_schema.schema, "response_format.json_schema.schema")
+
+
+def prefill_of(req: ChatRequest) -> str:
+    """The forced answer's known start (gbnf.call_prefix), which the prompt ends with and the
+    answer is read from; "" unless the calls are forced."""
+    if req.tool_mode != "forced":
+        return ""
+    return gbnf.call_prefix([{"name": f.name} for f in req.forced_functions()])
 
 
 def grammar_param_of(req: ChatRequest) -> str:

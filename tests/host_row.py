@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from uma_serve.core.protocol import Sampling
 from uma_serve.core.sampling import Row, Sampler, SamplerState
+
+
+def only(**named: object) -> Sampling:
+    """Sampling parameters with only the named truncations: top-k, top-p and min-p are off
+    unless named (the wire's defaults, llama.cpp server's, turn all three on)."""
+    return Sampling(**{"top_k": 0, "top_p": 1.0, "min_p": 0.0, **named})  # type: ignore[arg-type]
 
 
 class _OneRow:

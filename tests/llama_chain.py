@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import llama_cpp as ll
 
-from uma_serve.core.runtime.params import SamplingParams
+from uma_serve.core.protocol import Sampling
+from uma_serve.core.sampling import PENALTY_LAST_N
 
 
 class LlamaChain:
     """llama.cpp's chain for one sequence (as llama.cpp's common sampler builds it); frees
     itself."""
 
-    def __init__(self, vocab_size: int, params: SamplingParams, default_seed: int) -> None:
+    def __init__(self, vocab_size: int, params: Sampling, default_seed: int) -> None:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         if params.logit_bias:  # first, as llama.cpp's common sampler puts it
-            biases = (ll.llama_logit_bias * len(params.logit_bias))(*params.logit_bias)
+            pairs = params.logit_bias.items()
+            biases = (ll.llama_logit_bias * len(pairs))(*pairs)
             add(ll.llama_sampler_init_logit_bias(vocab_size, len(biases), biases))
         if (
             params.repeat_penalty != 1.0
@@ -25,7 +27,7 @@ class LlamaChain:
             add(
                 ll.llama_sampler_init_penalties(
                     vocab_size,
-                    params.penalty_last_n,
+                    PENALTY_LAST_N,
                     params.repeat_penalty,
                     params.frequency_penalty,
                     params.presence_penalty,

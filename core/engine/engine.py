@@ -1,7 +1,9 @@
 """The engine: a thread that runs ticks, each one llama_decode.
 
-    batch = scheduler.schedule()                  # the policy's plan over the running set
-    out = executor.run(batch)                     # decode, sample the rows
+    batch = scheduler.schedule()                  # the policy's plan, its spans and rows
+    launched = executor.launch(batch)             # llama_decode (a GPU computes after it)
+    freed = scheduler.release_ended()             # host work while the device computes
+    out = executor.collect(launched, ...)         # the device done, the rows sampled
     events = scheduler.postprocess(batch, out)    # tokens -> text, stops, ends
 
 The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
@@ -9,17 +11,19 @@ which post to the ``Inbox`` under one Condition; the engine thread takes everyth
 once between ticks and gets each tick's events to ``sink`` in one call. With no work the
 thread sleeps on the Condition: no polling, no fixed sleeps.
 
-The inbox also holds the abort window: while the engine runs a tick that no interactive
-request waits on (a long background tick, docs/POLICY.md "Quiet periods"), an interactive
-arrival stops that decode at once instead of waiting for it.
+The inbox also holds the abort window, which the engine opens around the launch of a tick
+that no interactive request waits on (a long background tick, docs/POLICY.md "Quiet
+periods"): an interactive arrival then stops that decode at once instead of waiting for it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import msgspec
 
@@ -28,7 +32,6 @@ from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
 from uma_serve.core.engine.sequence import RequestKey, Submission
 from uma_serve.core.engine.tick import Outgoing
-from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
@@ -97,17 +100,23 @@ class Inbox:
             self._interactive_waiting = False
             return items, self._stop_reason
 
-    def open_abort_window(self) -> None:
-        """Before an abortable decode; an interactive arrival not yet taken aborts it now."""
+    @contextmanager
+    def abort_window(self, abortable: bool) -> Iterator[None]:
+        """Around an abortable decode's launch: an interactive arrival not yet taken, or one
+        posted while it runs, aborts it."""
+        if not abortable:
+            yield
+            return
         with self._cond:
             self._window_open = True
             if self._interactive_waiting:
                 self._abort()
-
-    def close_abort_window(self) -> None:
-        with self._cond:
-            self._window_open = False
-            self._clear_abort()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._window_open = False
+                self._clear_abort()
 
 
 class Engine:
@@ -119,18 +128,15 @@ class Engine:
         sink: Sink,
         metrics: EngineMetrics | None = None,
         seed: int | None = None,
-        tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
         prefix_cache_tokens: int = 0,
         prefix_cache_slots: int = 0,
         compute_nice: int = 0,
-        fail_decode: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.sink = sink
         self.metrics = metrics or EngineMetrics()
         self.metrics.kv_cells_total = runtime.n_ctx
-        self.metrics.bmt_budget = (constraints.bmt_budget_gbs or 0.0) * 1e9
         self._compute_nice = compute_nice
         self._inbox = Inbox(runtime.abort, runtime.clear_abort)
         sampler = Sampler(runtime)
@@ -141,12 +147,11 @@ class Engine:
             self.metrics,
             sampler,
             seed=seed,
-            tuner=tuner,
             reserved_interactive=reserved_interactive,
             prefix_cache_tokens=prefix_cache_tokens,
             prefix_cache_slots=prefix_cache_slots,
         )
-        self.executor = Executor(runtime, sampler, self._inbox, fail_decode)
+        self.executor = Executor(runtime, sampler)
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----
@@ -155,7 +160,7 @@ class Engine:
         self._thread.start()
 
     def submit(self, sub: Submission) -> None:
-        """A chat turn's arrival may cut short a tick of bulk work (see Executor.run). Its
+        """A chat turn's arrival may cut short a tick of bulk work (see Inbox.abort_window). Its
         prompt's work is what the prefix cache does not hold: a conversation re-sends its
         history, and only the new turn is left to compute."""
         hashes = block_hashes(sub.prompt)
@@ -213,16 +218,22 @@ class Engine:
             raise
 
     def step(self) -> list[Outgoing]:
-        """One tick: schedule, run, postprocess."""
+        """One tick: schedule, launch, release the finished sequences while the device
+        computes, collect, postprocess."""
+        sched = self.scheduler
         try:
-            batch = self.scheduler.schedule()
+            batch = sched.schedule()
             if batch.empty:
                 return []
-            out = self.executor.run(batch, meanwhile=self.scheduler.release_ended)
+            with self._inbox.abort_window(batch.abortable):
+                launched = self.executor.launch(batch)
+            t0 = time.perf_counter()
+            freed = sched.release_ended()
+            out = self.executor.collect(launched, time.perf_counter() - t0, freed > 0)
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
-            return self.scheduler.fail_running("internal error in the engine tick")
-        return self.scheduler.postprocess(batch, out)
+            return sched.fail_running("internal error in the engine tick")
+        return sched.postprocess(batch, out)
 
     def _apply(self, ops: list[Op]) -> list[Outgoing]:
         events: list[Outgoing] = []

@@ -1,9 +1,10 @@
-"""The scheduler: which sequences run, what each tick carries, and what its tokens mean.
+"""The scheduler: which sequences run, and what each tick carries.
 
 It owns the running set and the admission queue, uses the prefix cache on admission and on
-a sequence's end, shows the policy a side-effect-free snapshot, and after the executor's tick
-turns the sampled tokens into events (text, stops, lengths, ends) and the tick's time into
-what the next plans learn from (core/engine/learner.py).
+a sequence's end, shows the policy a side-effect-free snapshot and hands the executor a
+Batch. After the tick it advances the sequences, passes their tokens through the output step
+(core/engine/output.py: text, stops, lengths, ends), applies what a failed tick's decision
+says (core/engine/recovery.py) and gives the tick's time to the learner (learner.py).
 """
 
 from __future__ import annotations
@@ -16,17 +17,33 @@ from dataclasses import replace
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine.learner import TickLearner
+from uma_serve.core.engine.output import Output
+from uma_serve.core.engine.recovery import (
+    Aborted,
+    EvictCache,
+    FailBatch,
+    FailLongest,
+    Retry,
+    ShrinkPrefill,
+    decide,
+)
 from uma_serve.core.engine.sequence import Sequence, Submission
 from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
-from uma_serve.core.engine.tuner import SweetSpotTuner
 from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
-from uma_serve.core.policy import Constraints, Phase, Policy, SchedulerState
-from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
+from uma_serve.core.policy import Constraints, Phase, Plan, Policy, SchedulerState
+from uma_serve.core.policy.pipeline import PolicyPipeline
+from uma_serve.core.policy.work import INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.sampling import Sampler
-from uma_serve.core.spec.drafts import WorkloadAcceptance, accept, propose_drafts
+from uma_serve.core.spec.drafts import (
+    WorkloadAcceptance,
+    acceptance,
+    drafting,
+    proposal,
+    smoothed,
+)
 from uma_serve.core.spec.ngram import NgramIndex
 
 log = logging.getLogger("uma.engine")
@@ -42,7 +59,6 @@ class Scheduler:
         metrics: EngineMetrics,
         sampler: Sampler,
         seed: int | None = None,
-        tuner: SweetSpotTuner | None = None,
         reserved_interactive: int = 0,
         prefix_cache_tokens: int = 0,
         prefix_cache_slots: int = 0,
@@ -52,6 +68,7 @@ class Scheduler:
         self.constraints = constraints
         self.metrics = metrics
         self._sampler = sampler
+        self._output = Output(runtime, metrics)
         self._rng = random.Random(seed)
         self._queue = WaitingQueue(range(runtime.params.n_seq), reserved_interactive)
         self._prefix = PrefixStore.build(
@@ -60,7 +77,8 @@ class Scheduler:
         self._spec = constraints.spec_max_draft
         self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
         self.running: dict[int, Sequence] = {}  # seq_id -> sequence
-        self.learner = TickLearner(constraints, tuner)
+        transformers = policy.transformers if isinstance(policy, PolicyPipeline) else ()
+        self.learner = TickLearner(constraints, transformers)
         self._max_prefill: int | None = None  # cap after a failed decode (no KV slot)
         self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
         self._last_interactive_ns = 0  # when an interactive request last ran or waited
@@ -79,8 +97,9 @@ class Scheduler:
         """Queue a request, classified by the prompt work it leaves once the prefix cache
         (or a running sequence) serves what it can: a conversation's next turn, which re-sends
         its whole history, is a chat turn (policy/work.py)."""
-        seq = Sequence(sub.key, sub.request, sub.prompt, sub.arrival_ns)
-        seq.prompt_hashes = sub.prompt_hashes or None
+        seq = Sequence(
+            sub.key, sub.request, sub.prompt, sub.arrival_ns, prompt_hashes=sub.prompt_hashes
+        )
         cached = 0
         if self._prefix is not None:
             cached = self._prefix.cached_length(seq, self.running.values())
@@ -115,7 +134,8 @@ class Scheduler:
             seq.sampler = self._sampler.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
             if self._prefix is not None:
-                self._prefix.reuse(seq, self.running.values())
+                seq.reused = self._prefix.reuse(seq, self.running.values())
+                seq.n_past = seq.reused.tokens
             seq.bulk_prompt = seq.pending_prefill > self.prompt_allowance()
             if self._spec > 0:
                 seq.ngrams = NgramIndex(seq.prompt)
@@ -140,16 +160,23 @@ class Scheduler:
         state = self.snapshot(now)
         constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
         plan = self.policy.schedule_tick(state, constraints)
-        seqs = tuple(self.running[i.seq_id] for i in plan.items)
+        seqs = [self.running[i.seq_id] for i in plan.items]
+        spans = tuple(s.span(i) for s, i in zip(seqs, plan.items, strict=True))
+        draws = tuple(s.draw(i, sp) for s, i, sp in zip(seqs, plan.items, spans, strict=True))
         # a tick of bulk work only: a chat turn's arrival stops it (its chunk is redone later)
         abortable = all(s.work_class != INTERACTIVE for s in seqs)
-        return Batch(plan, state, seqs, abortable)
+        return Batch(plan, state, spans, draws, abortable)
 
     def _propose_drafts(self) -> None:
-        if self._spec > 0:
-            decoding = [s for s in self.running.values() if s.next_token is not None]
-            c = self.constraints
-            propose_drafts(decoding, self._spec, c.spec_max_streams, self.runtime.n_ctx_per_seq)
+        """Prompt-lookup drafts for the decoding sequences (core/spec/drafts.py)."""
+        if self._spec <= 0:
+            return
+        decoding = [s for s in self.running.values() if s.next_token is not None]
+        few = drafting(len(decoding), self.constraints.spec_max_streams)
+        n_ctx = self.runtime.n_ctx_per_seq
+        for s in decoding:
+            left = s.request.max_tokens - s.generated
+            s.draft = proposal(s.ngrams, self._spec, left, n_ctx - s.n_past) if few else ()
 
     def snapshot(self, now_ns: int) -> SchedulerState:
         """The running sequences as the policy sees them (no side effects)."""
@@ -160,12 +187,12 @@ class Scheduler:
         """The tick's tokens as events; a failed tick's consequences."""
         out: list[Outgoing] = []
         try:
-            self.learner.tick_started(result.t0)
-            self.learner.tick_decoded(result.t0, result.ms)
+            self.learner.tick_started(result.t0, self.metrics)
+            self.learner.tick_decoded(result.t0, result.ms, result.overlap_ms)
             if result.failure is not None:
-                self._decode_failed(result.failure, result.rc, batch, out)
+                self._recover(result.failure, result.rc, batch.plan, out)
             else:
-                self._record_tick(result.ms, batch)
+                self._record_tick(result, batch)
                 self._advance(batch, result.sampled, out)
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
@@ -179,7 +206,8 @@ class Scheduler:
             if seq.seq_id not in served:
                 seq.burst = 0
         drafted: list[tuple[Sequence, int, Sampled]] = []
-        for item, seq, got in zip(batch.plan.items, batch.seqs, sampled, strict=True):
+        seqs = [self.running[item.seq_id] for item in batch.plan.items]
+        for item, seq, got in zip(batch.plan.items, seqs, sampled, strict=True):
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE and item.n_tokens > 1:
@@ -191,7 +219,7 @@ class Scheduler:
             elif not seq.pending_prefill:
                 seq.prefill_done_ns = now
             if got.tokens:
-                self._on_token(seq, got.tokens[0], got.logprobs[0], now, out)
+                self._emit(seq, got.tokens[0], got.logprobs[0], now, out)
         for seq, n_drafts, got in drafted:
             self._accept_drafts(seq, list(seq.draft[:n_drafts]), got, now, out)
         self.metrics.kv_cells_used = sum(s.n_past for s in self.running.values())
@@ -199,81 +227,73 @@ class Scheduler:
     def _accept_drafts(
         self, seq: Sequence, drafts: list[int], got: Sampled, now: int, out: list[Outgoing]
     ) -> None:
-        def emit(j: int) -> None:
-            self._on_token(seq, got.tokens[j], got.logprobs[j], now, out)
-
-        accepted = accept(seq, drafts, len(got.tokens), emit, self._accept)
+        """A decode of [pending token, *drafts]: the executor drew its rows while they agreed
+        with the drafts (row j follows drafts[:j]). Each drawn token takes the usual path;
+        while it equals its draft, that draft's KV is already at the next position. The
+        first disagreement (or the row after the last draft) is the new pending token."""
+        seq.n_past += 1  # the pending token
+        seq.next_token = None
+        accepted = 0
+        for j, token in enumerate(got.tokens):
+            if not self._emit(seq, token, got.logprobs[j], now, out):
+                break  # it ended (end of generation, a stop string, its length)
+            if j == len(drafts) or token != drafts[j]:
+                break
+            seq.n_past += 1
+            accepted += 1
+            seq.next_token = None
+        rate = acceptance(accepted, len(drafts))
+        seq.spec_accept_ewma = smoothed(seq.spec_accept_ewma, rate)
+        self._accept.observe(rate)
         if self.running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
             self.runtime.seq_trim(seq.seq_id, seq.n_past)
         self.metrics.spec_drafted_tokens_total += len(drafts)
         self.metrics.spec_accepted_tokens_total += accepted
 
-    def _record_tick(self, ms: float, batch: Batch) -> None:
-        self.learner.record(ms, batch.plan, batch.state, self.metrics)
+    def _record_tick(self, result: TickResult, batch: Batch) -> None:
+        self.learner.record(result.ms, batch.plan, batch.state, self.metrics)
+        self.metrics.observe_tick_parts(result.ms, result.sample_ms, result.overlap_ms)
         if self._max_prefill is not None:  # recover gradually after a failed decode
             doubled = self._max_prefill * 2
             self._max_prefill = doubled if doubled < self.constraints.n_batch else None
 
-    def _decode_failed(self, failure: Failure, rc: int, batch: Batch, out: list[Outgoing]) -> None:
-        plan = batch.plan
-        if failure is Failure.ABORTED:  # an interactive request arrived: admitted next tick
-            self.metrics.ticks_aborted_total += 1
-            self.learner.idle()  # the aborted tick's time teaches nothing
-            return
-        self.metrics.decode_failures_total += 1
-        if failure is Failure.RETRY:  # finished sequences' KV was freed after it
-            self.learner.idle()
-            return
-        prefix = self._prefix
-        if failure is Failure.NO_SLOT and prefix is not None and prefix.evict_for_room():
-            log.warning("no KV slot for %d tokens: evicted cached prefixes", plan.n_tokens)
-            return
+    def _recover(self, failure: Failure, rc: int, plan: Plan, out: list[Outgoing]) -> None:
+        """Apply what follows from a failed tick (core/engine/recovery.py decides it)."""
         n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
+        evictable = self._prefix is not None and self._prefix.can_evict()
+        decision = decide(failure, rc, n_prefill, evictable)
+        if not isinstance(decision, Aborted):
+            self.metrics.decode_failures_total += 1
         now = time.monotonic_ns()
-        if failure is Failure.NO_SLOT and n_prefill > 1:
-            self._max_prefill = half = max(n_prefill // 2, 1)
-            log.warning("no KV slot for %d tokens: shrinking prefill to %d", plan.n_tokens, half)
-            return
-        if failure is Failure.NO_SLOT:  # decode alone does not fit: the longest gives way
-            victim = max(self.running.values(), key=lambda s: s.n_past)
-            self._fail(victim, "KV cache full: no slot for this sequence", now, out)
-            return
-        log.error("llama_decode returned %d: failing the batch's requests", rc)
-        for seq in batch.seqs:
-            if self.running.get(seq.seq_id) is seq:
-                self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
+        match decision:
+            case Aborted() | Retry():  # the tick's time teaches nothing
+                self.metrics.ticks_aborted_total += isinstance(decision, Aborted)
+                self.learner.idle()
+            case EvictCache():
+                assert self._prefix is not None
+                self._prefix.evict_for_room()
+                log.warning("no KV slot for %d tokens: evicted cached prefixes", plan.n_tokens)
+            case ShrinkPrefill(n=n):
+                self._max_prefill = n
+                log.warning("no KV slot for %d tokens: shrinking prefill to %d", plan.n_tokens, n)
+            case FailLongest():
+                victim = max(self.running.values(), key=lambda s: s.n_past)
+                self._fail(victim, "KV cache full: no slot for this sequence", now, out)
+            case FailBatch(rc=rc):
+                log.error("llama_decode returned %d: failing the batch's requests", rc)
+                for seq in [self.running[item.seq_id] for item in plan.items]:
+                    self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
 
     # ---- tokens and ends ----
 
-    def _on_token(
+    def _emit(
         self, seq: Sequence, token: int, lp: p.Logprobs | None, now: int, out: list[Outgoing]
-    ) -> None:
-        req = seq.request
-        if self.runtime.is_eog(token) and not req.ignore_eos:
-            self._finish(seq, "stop", now, out, token=token)
-            return
-        seq.generated += 1
-        self.metrics.tokens_generated_total += 1
-        if seq.first_token_ns is None:
-            seq.first_token_ns = now
-            prompt_qos = INTERACTIVE if seq.interactive else BACKGROUND
-            self.metrics.observe_ttft(prompt_qos, (now - seq.arrival_ns) * 1e-6)
-        else:
-            self.metrics.observe_itl(req.qos, (now - (seq.last_token_ns or now)) * 1e-6)
-        seq.last_token_ns = now
-        text = seq.text.push(self.runtime.piece(token))
-        if seq.text.stopped:
-            _emit_text(seq, text, token, lp, out)
-            self._finish(seq, "stop", now, out)
-        elif seq.generated >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
-            _emit_text(seq, text + seq.text.flush(), token, lp, out)
-            self._finish(seq, "length", now, out)
-        else:
-            _emit_text(seq, text, token, lp, out)
-            seq.next_token = token
-            seq.out.append(token)
-            if seq.ngrams is not None:
-                seq.ngrams.append(token)
+    ) -> bool:
+        """A sampled token through the output step; False when it ended the sequence."""
+        reason = self._output.token(seq, token, lp, now, out)
+        if reason is not None:
+            self._retire(seq, reason)
+        return reason is None
 
     def fail_running(self, message: str) -> list[Outgoing]:
         now, out = time.monotonic_ns(), []
@@ -282,48 +302,37 @@ class Scheduler:
         return out
 
     def _fail(self, seq: Sequence, message: str, now: int, out: list[Outgoing]) -> None:
-        error = p.ErrorEvent(id=seq.request.id, code=p.E_RUNTIME, message=message)
-        out.append((seq.conn_id, error))
-        self._finish(seq, "error", now, out, message, send=False)
+        self._output.fail(seq, message, now, out)
+        self._retire(seq, "error")
 
     def _finish(
-        self,
-        seq: Sequence,
-        reason: str,
-        now: int,
-        out: list[Outgoing],
-        detail: str | None = None,
-        token: int = -1,
-        send: bool = True,
+        self, seq: Sequence, reason: str, now: int, out: list[Outgoing], detail: str
     ) -> None:
-        if reason == "stop" and (rest := seq.text.flush()):
-            _emit_text(seq, rest, token, None, out)
+        self._output.end(seq, reason, now, out, detail)
+        self._retire(seq, reason)
+
+    def _retire(self, seq: Sequence, reason: str) -> None:
+        """A sequence that ended leaves the running set; its KV and id go at the next
+        release (release_ended), its sampler now."""
         if seq.seq_id >= 0 and self.running.pop(seq.seq_id, None) is seq:
             self._ended.append((seq, reason))
         self._sampler.release(seq.sampler)
-        m = self.metrics
-        m.requests_total[reason] += 1
-        m.e2e_ms.observe((now - seq.arrival_ns) * 1e-6)
-        m.observe_request(len(seq.prompt), seq.generated, seq.request.max_tokens)
-        m.observe_phases(seq.admitted_ns, seq.first_token_ns, now)
-        m.active_sessions = len(self.running)
-        m.kv_cells_used = sum(s.n_past for s in self.running.values())
-        if send:
-            out.append((seq.conn_id, seq.final_event(reason, now, detail)))
+        self.metrics.active_sessions = len(self.running)
+        self.metrics.kv_cells_used = sum(s.n_past for s in self.running.values())
 
-    def release_ended(self) -> float:
-        """Cache finished sequences' prefixes, free their KV and ids; the seconds it took. Run
-        at the next decode's launch (a GPU computes meanwhile) or for an admission needing them."""
-        if not self._ended:
-            return 0.0
-        t0 = time.perf_counter()
+    def release_ended(self) -> int:
+        """Cache finished sequences' prefixes, free their KV and ids; how many. Run after the
+        next decode's launch (a GPU computes meanwhile) or for an admission needing them."""
         ended, self._ended = self._ended, []  # taken first: a failure is not met again
+        running = sum(s.n_past for s in self.running.values())
         for seq, reason in ended:
             if self._prefix is not None and reason != "error" and seq.n_past > 0:
-                self._prefix.store(seq)
+                self._prefix.store(
+                    seq.seq_id, seq.kv_tokens(), seq.reused, running, seq.bulk_prompt
+                )
             self.runtime.seq_clear(seq.seq_id)
             self._queue.release(seq.seq_id)
-        return time.perf_counter() - t0
+        return len(ended)
 
     def drain(self, detail: str, reason: str = "cancelled") -> list[Outgoing]:
         """End every request, waiting or running."""
@@ -334,11 +343,3 @@ class Scheduler:
         self._queue.waiting.clear()
         self.metrics.waiting_sessions = 0
         return out
-
-
-def _emit_text(
-    seq: Sequence, text: str, token: int, lp: p.Logprobs | None, out: list[Outgoing]
-) -> None:
-    event = seq.token_event(text, token, lp)
-    if event is not None:
-        out.append((seq.conn_id, event))

@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from uma_serve.core import protocol as p
-from uma_serve.core.policy import Phase, SessionView
+from uma_serve.core.engine.tick import Draw
+from uma_serve.core.policy import BatchItem, Phase, SessionView
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
-from uma_serve.core.prefix.index import Entry
+from uma_serve.core.prefix.index import block_hashes
+from uma_serve.core.prefix.store import Reused
+from uma_serve.core.runtime import Span
 from uma_serve.core.sampling import SamplerState
 from uma_serve.core.spec.ngram import NgramIndex
 from uma_serve.core.textstream import TextStream
@@ -52,15 +55,16 @@ class Sequence:
     # its uncached prompt is longer than the interactive allowance (policy/work.py): the
     # prompt is bulk work; set on arrival from the prefix cache's answer, again on admission
     bulk_prompt: bool = False
-    cached_from: Entry | None = None  # prefix cache entry its leading KV was copied from
-    cached_tokens: int = 0  # how many leading positions came from the prefix cache
-    prompt_hashes: list[int] | None = None  # the prompt's block hash chain (prefix cache)
+    reused: Reused = Reused()  # what its leading KV was copied from (the prefix cache)
+    prompt_hashes: list[int] = field(default_factory=list)  # block hash chain (prefix cache)
     text: TextStream = field(init=False)
     parts: list[str] = field(default_factory=list)  # the whole text, for stream: false
     logprobs: list[p.Logprobs] = field(default_factory=list)  # for stream: false
 
     def __post_init__(self) -> None:
         self.text = TextStream(self.request.stops)
+        if not self.prompt_hashes:  # (submit computes them on the I/O thread)
+            self.prompt_hashes = block_hashes(self.prompt)
 
     @property
     def conn_id(self) -> int:
@@ -105,6 +109,25 @@ class Sequence:
             spec_accept_ewma=self.spec_accept_ewma,
         )
 
+    def span(self, item: BatchItem) -> Span:
+        """The tokens an item decodes: the pending token and its drafts, or a prompt chunk."""
+        n = item.n_tokens
+        if item.phase is Phase.DECODE:
+            assert self.next_token is not None
+            tokens = [self.next_token, *self.draft[: n - 1]]
+            return Span(self.seq_id, self.n_past, tokens, True, all_logits=len(tokens) > 1)
+        last = item.logits and self.n_past + n == len(self.prompt)
+        return Span(self.seq_id, self.n_past, self.prompt[self.n_past : self.n_past + n], last)
+
+    def draw(self, item: BatchItem, span: Span) -> Draw | None:
+        """How the item's logits are sampled (None: it has none): a drafted decode's drafts
+        are verified row by row."""
+        if not span.logits:
+            return None
+        assert self.sampler is not None
+        drafts = tuple(span.tokens[1:]) if item.phase is Phase.DECODE else ()
+        return Draw(self.sampler, self.request.logprobs, drafts)
+
     def kv_tokens(self) -> list[int]:
         """The tokens whose KV this sequence holds, in position order."""
         n = self.n_past
@@ -137,7 +160,7 @@ class Sequence:
             if first and last and last > first
             else None,
         )
-        usage = p.Usage(len(self.prompt), self.generated, self.cached_tokens)
+        usage = p.Usage(len(self.prompt), self.generated, self.reused.tokens)
         rid = self.request.id
         if self.request.stream:
             return p.EosEvent(rid, reason, usage, timings, detail)  # type: ignore[arg-type]

@@ -1,8 +1,12 @@
 """What the scheduler hands the executor for one tick, and what comes back.
 
-batch = scheduler.schedule()      # a Batch: the policy's Plan over the running sequences
-out = executor.run(batch)         # a TickResult: one llama_decode, the rows sampled
-events = scheduler.postprocess(batch, out)
+batch = scheduler.schedule()            # a Batch: the plan, its spans and its sampler rows
+launched = executor.launch(batch)       # one llama_decode, launched
+...                                     # host work while the device computes
+result = executor.collect(launched, …)  # a TickResult: the device done, the rows sampled
+events = scheduler.postprocess(batch, result)
+
+The Batch is the executor's whole input: it reads no sequence and calls nothing back.
 """
 
 from __future__ import annotations
@@ -11,19 +15,32 @@ from dataclasses import dataclass
 from enum import Enum
 
 from uma_serve.core import protocol as p
-from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.policy import Plan, SchedulerState
+from uma_serve.core.runtime import Span
+from uma_serve.core.sampling import SamplerState
 
 Outgoing = tuple[int, p.Event]  # (connection id, event)
 
 
 @dataclass(frozen=True, slots=True)
+class Draw:
+    """How to sample one item's logits: its session's sampler, the top logprobs its request
+    wants (None: none) and, for a decode with drafts, the drafted tokens to verify row by row."""
+
+    sampler: SamplerState
+    logprobs: int | None = None
+    drafts: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
-    """One tick's work: the plan, the state it was planned from, and each item's sequence."""
+    """One tick's work: the plan and the state it was planned from, and for each of the plan's
+    items the tokens it decodes and how its logits are sampled (None: no logits)."""
 
     plan: Plan
     state: SchedulerState
-    seqs: tuple[Sequence, ...]  # aligned with plan.items
+    spans: tuple[Span, ...]  # aligned with plan.items
+    draws: tuple[Draw | None, ...]  # aligned with plan.items
     abortable: bool  # bulk work only: a chat turn's arrival may stop its decode
 
     @property
@@ -50,9 +67,21 @@ class Sampled:
 
 
 @dataclass(frozen=True, slots=True)
+class Launched:
+    """A decode on its way: the executor's handle between launch and collect."""
+
+    batch: Batch
+    rc: int  # llama_decode's return code
+    rows: tuple[int, ...]  # each span's first logits row (-1: none)
+    t0: float  # perf_counter at the launch
+
+
+@dataclass(frozen=True, slots=True)
 class TickResult:
     rc: int  # llama_decode's return code
     t0: float  # perf_counter at the decode's launch
-    ms: float  # the tick's own time (launch to device done, less the work done meanwhile)
+    ms: float  # the tick's own time (launch to device done, less the host work meanwhile)
     failure: Failure | None = None
     sampled: tuple[Sampled, ...] = ()  # aligned with the plan's items (empty on failure)
+    sample_ms: float = 0.0  # sampling the rows, after the device was done
+    overlap_ms: float = 0.0  # host work done between launch and collect (the device computing)

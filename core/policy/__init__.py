@@ -12,9 +12,15 @@ from uma_serve.core.policy.plan import (
     Plan,
     SessionView,
     plan_shape,
+)
+from uma_serve.core.policy.state import (
+    EngineStats,
+    PlanTransformer,
+    Policy,
+    SchedulerState,
+    Tick,
     views_by_seq,
 )
-from uma_serve.core.policy.state import EngineStats, PlanTransformer, Policy, SchedulerState
 
 __all__ = [
     "BaselinePolicy",
@@ -28,6 +34,7 @@ __all__ = [
     "Plan",
     "SchedulerState",
     "SessionView",
+    "Tick",
     "plan_shape",
     "views_by_seq",
 ]

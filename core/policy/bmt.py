@@ -3,13 +3,14 @@
 Bytes per tick ≈ the weights once (a dense model reads them all for any batch; a MoE model
 reads the shared part plus the experts its tokens route to, at most all of them) + the KV
 cache each token attends to (n_past cells x bytes per cell). Over budget, background prefill
-is trimmed first, then background decoders are parked. Off unless ``bmt_budget_gbs`` is set
-(``bench calibrate`` measures the machine's effective bandwidth for the loaded model).
+is trimmed first, then background decoders are parked. Off unless ``bmt_budget`` (GB/s) is
+set (``bench calibrate`` measures the machine's effective bandwidth for the loaded model).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from uma_serve.core.policy.plan import (
     BatchItem,
@@ -18,10 +19,12 @@ from uma_serve.core.policy.plan import (
     Phase,
     Plan,
     SessionView,
-    views_by_seq,
 )
-from uma_serve.core.policy.state import SchedulerState
+from uma_serve.core.policy.state import PlanTransformer, SchedulerState, Tick, views_by_seq
 from uma_serve.core.policy.work import INTERACTIVE
+
+if TYPE_CHECKING:
+    from uma_serve.core.metrics import EngineMetrics
 
 MOE_EXPERT_SHARE = 0.9  # fraction of a MoE model's weights that sit in its experts (estimate)
 
@@ -44,13 +47,29 @@ def tick_bytes(items: tuple[BatchItem, ...], views: dict[int, SessionView], m: M
     return weight_bytes(m, sum(i.n_tokens for i in items)) + kv
 
 
-class BmtGuard:
+@dataclass(frozen=True, slots=True)
+class BmtSettings:
+    """The guard's knob (umad's option of the same name)."""
+
+    bmt_budget: float = 0.0  # the machine's effective bandwidth, GB/s (0: off)
+
+
+class BmtGuard(PlanTransformer):
+    Settings = BmtSettings
+    settings: BmtSettings
+
+    def report(self, own: object, tick: Tick, m: EngineMetrics) -> None:
+        gbs = self.settings.bmt_budget
+        m.bmt_budget = gbs * 1e9
+        model = tick.constraints.model
+        m.bmt_estimate_last = tick_bytes(tick.plan.items, tick.views, model) if gbs else 0.0
+
     def apply(self, plan: Plan, state: SchedulerState, c: Constraints) -> Plan:
-        if c.bmt_budget_gbs is None or plan.empty:
+        if not self.settings.bmt_budget or plan.empty:
             return plan
         views = views_by_seq(state)
         time_ms = plan.budget_ms or c.bg_tick_ms
-        budget = c.bmt_budget_gbs * 1e9 * time_ms / 1e3
+        budget = self.settings.bmt_budget * 1e9 * time_ms / 1e3
         items = list(plan.items)
         parked: list[int] = []
 

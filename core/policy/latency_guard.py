@@ -41,16 +41,37 @@ from uma_serve.core.policy.plan import (
     SessionView,
     item_shape,
     plan_shape,
-    views_by_seq,
 )
+from uma_serve.core.policy.state import PlanTransformer, SchedulerState, Tick, views_by_seq
 from uma_serve.core.policy.work import INTERACTIVE
 
 if TYPE_CHECKING:
-    from uma_serve.core.policy.state import SchedulerState
+    from uma_serve.core.metrics import EngineMetrics
 
 STARVED_CHUNK = 1  # tokens a starved session gets in a tick over budget
 UNLIMITED = 1 << 30
 MAX_RECOVERY_TICKS = 4  # slow ticks after a pause counted at most
+
+
+@dataclass(frozen=True, slots=True)
+class GuardSettings:
+    """The guard's knobs (umad's options of the same names, docs/CONFIG.md)."""
+
+    slo_tbt_ms: float = 0.0  # 0: (1 + headroom) x the predicted protected tick
+    headroom: float = 0.2
+    # no interactive request for this long: ticks without interactive work are bounded by
+    # n_batch only (the engine aborts such a tick when an interactive request arrives); 0: off
+    quiet_ms: float = 0.0
+    hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
+    pause_every: int = 100  # stepped tick cost: pauses stretch one interactive gap in this many
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """The guard's note on a pause: a stepped-cost prefill tick among protected ones."""
+
+    def __str__(self) -> str:
+        return "pause"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,20 +87,18 @@ class GuardState:
     overran: bool = False  # the last tick ran over its budget with bulk work in it
 
 
-def observe(
-    g: GuardState, ms: float, plan: Plan, views: dict[int, SessionView], cost: TickCost,
-    c: Constraints,
-) -> GuardState:  # fmt: skip
-    """The state after a tick of ``ms`` that ran ``plan`` (``cost``: the model refitted with it).
+def observe(g: GuardState, tick: Tick, s: GuardSettings) -> GuardState:
+    """The state after a tick (its cost: the model refitted with it).
 
     An overrun tick that carried bulk work holds bulk prefill for hold_ticks, then re-enables
     it with a cap that doubles each tick. A pause tick (stepped cost) holds it long enough that
     pauses, with the slow ticks that follow them, stretch one protected gap in pause_every; so
     does a chat turn's prompt tick, so that the new stream's first gaps are no pauses (they are
     its TTF5)."""
+    ms, plan, views, cost, c = tick.ms, tick.plan, tick.views, tick.cost, tick.constraints
     interactive = [views[i.seq_id].qos == INTERACTIVE for i in plan.items]
-    pause_hold = round(c.pause_every * (1.0 + g.recovery_ticks))
-    if plan.pause:  # bulk work got its chunk: the next pause comes later
+    pause_hold = round(s.pause_every * (1.0 + g.recovery_ticks))
+    if plan.noted(Pause):  # bulk work got its chunk: the next pause comes later
         return GuardState(pause_hold, None, 0, g.recovery_ticks)
     chat_turn = any(
         i.phase is Phase.PREFILL and fg for i, fg in zip(plan.items, interactive, strict=True)
@@ -98,7 +117,7 @@ def observe(
         i.phase is Phase.PREFILL or not fg for i, fg in zip(plan.items, interactive, strict=True)
     )
     if over and bulk and _bulk_caused(ms, plan, views, cost):
-        return replace(g, hold=max(c.hold_ticks, g.hold - 1), ramp=None, overran=True)
+        return replace(g, hold=max(s.hold_ticks, g.hold - 1), ramp=None, overran=True)
     if g.hold > 0:
         return replace(g, hold=g.hold - 1, ramp=1 if g.hold == 1 else None)
     if g.ramp is not None:
@@ -122,9 +141,9 @@ def _bulk_caused(ms: float, plan: Plan, views: dict[int, SessionView], cost: Tic
 class _Kept:
     """The items a tick keeps so far, and their shape for the tick-time model."""
 
-    def __init__(self, state: SchedulerState, c: Constraints) -> None:
+    def __init__(self, state: SchedulerState, c: Constraints, s: GuardSettings) -> None:
         self.views = views_by_seq(state)
-        self.state, self.c, self.cost = state, c, state.stats.cost
+        self.state, self.c, self.s, self.cost = state, c, s, state.stats.cost
         self.items: list[BatchItem] = []
         self.shape = TickShape(0, 0, 0.0)
 
@@ -148,11 +167,23 @@ class _Kept:
         return self.state.now_ns - last > self.c.starve_ms * 1e6
 
 
-class LatencyGuard:
+class LatencyGuard(PlanTransformer):
+    Settings = GuardSettings
+    State = GuardState
+    settings: GuardSettings
+
+    def observe(self, own: GuardState, tick: Tick) -> GuardState:
+        return observe(own, tick, self.settings)
+
+    def report(self, own: GuardState, tick: Tick, m: EngineMetrics) -> None:
+        m.ticks_paused_total += tick.plan.noted(Pause) is not None
+        m.ticks_over_budget_total += own.overran
+        m.prefill_guard_active |= own.hold > 0
+
     def apply(self, plan: Plan, state: SchedulerState, c: Constraints) -> Plan:
         if plan.empty:
             return plan
-        t = _Kept(state, c)
+        t = _Kept(state, c, self.settings)
         protected_ids = {i.seq_id for i in plan.items if t.views[i.seq_id].qos == INTERACTIVE}
         self._keep_protected(t, [i for i in plan.items if i.seq_id in protected_ids])
         protected = bool(t.items)
@@ -160,9 +191,9 @@ class LatencyGuard:
         bulk = [i for i in plan.items if i.seq_id not in protected_ids]
         if not bulk:
             return replace(plan, items=tuple(t.items), budget_ms=budget)
-        stats, cost = state.stats, t.cost
-        held = protected and stats.guard.hold > 0
-        prefill_cap = stats.guard.ramp if stats.guard.ramp is not None else UNLIMITED
+        g, cost = state.stats.own(GuardState), t.cost
+        held = protected and g.hold > 0
+        prefill_cap = g.ramp if g.ramp is not None else UNLIMITED
         bulk_prefill = [i for i in bulk if i.phase is Phase.PREFILL]
         # a starved prompt's forced progress comes as a pause too: a one-token chunk would pay
         # the whole step (and the slow ticks after it) for one token
@@ -184,7 +215,7 @@ class LatencyGuard:
             parked=plan.parked + tuple(parked),
             budget_ms=budget,
             guard_active=plan.guard_active or trimmed or held,
-            pause=pause,
+            notes=plan.notes + ((Pause(),) if pause else ()),
         )
 
     @staticmethod
@@ -204,14 +235,14 @@ class LatencyGuard:
     @staticmethod
     def _budget(t: _Kept, protected: bool) -> float:
         """The tick's time budget (predicted decode time, ms)."""
-        c, st = t.c, t.state
+        s, st = t.s, t.state
         if protected:
             overhead = st.stats.overhead_ms_ewma
             solo = t.cost.predict(t.shape) + overhead
-            return (c.slo_tbt_ms or solo * (1.0 + c.headroom)) - overhead
-        if c.quiet_ms and st.now_ns - st.last_interactive_ns > c.quiet_ms * 1e6:
+            return (s.slo_tbt_ms or solo * (1.0 + s.headroom)) - overhead
+        if s.quiet_ms and st.now_ns - st.last_interactive_ns > s.quiet_ms * 1e6:
             return UNLIMITED  # abortable: no conversation is going on
-        return c.bg_tick_ms
+        return t.c.bg_tick_ms
 
     @staticmethod
     def _fill_bulk(

@@ -1,19 +1,20 @@
 """The policy's data contract: each running sequence as the policy sees it, the limits it
 plans within, and the Plan it returns (commands only: what to decode, whom to park).
 
-Like vLLM's SchedulerOutput, a Plan is the whole contract between scheduler and executor.
+Like vLLM's SchedulerOutput, a Plan is what the scheduler turns into the executor's batch.
+It names no transformer: each one's own settings live in its module, its own remarks on a
+tick travel in ``Plan.notes`` (core/policy/pipeline.py lists them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from uma_serve.core.policy.cost import TickShape
 
-if TYPE_CHECKING:
-    from uma_serve.core.policy.state import SchedulerState
+N = TypeVar("N")
 
 
 class Phase(Enum):
@@ -58,23 +59,15 @@ class Constraints:
     min_prefill_tokens: int = 16  # prefill chunk granted even when the budget is spent
     prefill_burst: int = 256  # tokens one session may prefill per round of the rotation
     max_prefill_tokens: int | None = None  # cap after a failed decode (no KV slot)
-    # LatencyGuard
-    slo_tbt_ms: float | None = None  # None: (1 + headroom) x predicted interactive decode tick
-    slo_ttft_ms: float | None = None  # None: interactive prefill ticks up to bg_tick_ms
-    headroom: float = 0.2
-    bg_tick_ms: float = 60.0  # bound on ticks without interactive work
-    # no interactive request for this long: ticks without interactive work are bounded by
-    # n_batch only (the engine aborts such a tick when an interactive request arrives); 0: off
-    quiet_ms: float = 0.0
-    hold_ticks: int = 8  # hysteresis: ticks without background prefill after an overrun
-    pause_every: int = 100  # stepped tick cost: pauses stretch one interactive gap in this many
-    starve_ms: float = 2000.0  # any session waits at most this long between progress
-    # ΣBMT guard (off when None)
-    bmt_budget_gbs: float | None = None
+    # the time targets: a chat turn's prompt ticks (None: up to bg_tick_ms), ticks without
+    # interactive work, and the longest any session waits between progress
+    slo_ttft_ms: float | None = None
+    bg_tick_ms: float = 60.0
+    starve_ms: float = 2000.0
     model: ModelFacts = ModelFacts()
-    # SpeculativeDecode (off when spec_max_draft is 0)
-    spec_max_draft: int = 0  # drafted tokens verified per stream per tick at most
-    spec_max_streams: int = 2  # draft only while at most this many streams decode
+    # the drafts the engine proposes (core/spec/): none when spec_max_draft is 0
+    spec_max_draft: int = 0  # drafted tokens per stream per tick at most
+    spec_max_streams: int = 2  # drafts only while at most this many streams decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +80,19 @@ class BatchItem:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One tick: items in batch order, sessions to park (skip) this tick, and the guards'
-    decisions the tick is judged by afterwards (latency_guard.observe)."""
+    """One tick: items in batch order, sessions to park (skip) this tick, the time budget it
+    was planned for and whether a guard removed work, and what the transformers noted about it
+    (each its own type; read back by their observe steps)."""
 
     items: tuple[BatchItem, ...] = ()
     parked: tuple[int, ...] = field(default=())
     budget_ms: float | None = None  # the time budget a guard planned this tick for
     guard_active: bool = False  # a guard removed work from this tick
-    pause: bool = False  # a stepped-cost prefill tick among interactive ones (LatencyGuard)
+    notes: tuple[object, ...] = ()
+
+    def noted(self, kind: type[N]) -> N | None:
+        """The note of type ``kind``, if a transformer made one."""
+        return next((n for n in self.notes if type(n) is kind), None)
 
     @property
     def n_decode(self) -> int:
@@ -107,10 +105,6 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not self.items
-
-
-def views_by_seq(state: SchedulerState) -> dict[int, SessionView]:
-    return {s.seq_id: s for s in state.sessions}
 
 
 def item_shape(item: BatchItem, view: SessionView) -> TickShape:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from uma_serve.core.policy.plan import Constraints, Phase, Plan, plan_shape, views_by_seq
-from uma_serve.core.policy.state import SchedulerState
+from uma_serve.core.policy.plan import Constraints, Phase, Plan, plan_shape
+from uma_serve.core.policy.state import PlanTransformer, SchedulerState, views_by_seq
 
 PROBE_EVERY = 8  # ticks between a lone stream's probes when its drafts do not pay
 # with several streams, ticks between probes (one stream's at a time): under 1 tick in 20, so
@@ -64,7 +64,7 @@ def expected_tokens(p: float, k: int) -> float:
     return sum(p**j for j in range(1, k + 1))
 
 
-class SpeculativeDecode:
+class SpeculativeDecode(PlanTransformer):
     def apply(self, plan: Plan, state: SchedulerState, c: Constraints) -> Plan:
         if c.spec_max_draft <= 0 or plan.empty:
             return plan

@@ -15,7 +15,9 @@ built on top of an earlier entry's prefix shares those cells. Each entry remembe
 and how many leading cells it shares with it; resident tokens count shared cells once.
 
 Eviction, when over the token budget or out of cache ids, weighs frequency before recency:
-entries never reused (a pasted document, answered once) go first, least recently used first;
+entries never reused (a pasted document, answered once) go first, a bulk request's before a
+chat turn's, least recently used first; together they hold no more cells than the running
+sequences (at least ONE_SHOT_FLOOR), since every resident cell costs every decode;
 entries that were reused, or that extend a reused prefix (a system prompt, a conversation's
 history, which every client re-sends each turn), only when no such entry is left. A
 conversation's turn is stored as an extension of the entry it reused and keeps its count, so
@@ -34,6 +36,9 @@ from dataclasses import dataclass, field
 BLOCK = 32  # tokens per hashed block
 MIN_STORE = 16  # shorter finished sequences are not worth an entry
 GHOST_BLOCKS = 8192  # block hashes of evicted never-reused entries remembered (~0.5 MB)
+# cells never-reused entries may hold at least; beyond it, no more than the running sequences
+# hold: every resident cell costs every decode (llama.cpp's attention mask spans them all)
+ONE_SHOT_FLOOR = 4096
 
 
 def block_hashes(tokens: Sequence[int], n_blocks: int | None = None) -> list[int]:
@@ -70,6 +75,7 @@ class Entry:
     shared: int = 0  # how many leading cells it shares with the parent
     pinned: bool = False  # --pin-prefix: never evicted, never superseded
     hits: int = 0  # times a request reused it (kept by the entry that extends it)
+    bulk: bool = False  # stored by a request whose prompt was bulk work (a pasted document)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -145,11 +151,29 @@ class PrefixIndex:
 
     # ---- updates ----
 
-    def plan_store(self, tokens: Sequence[int], parent: int | None, shared: int) -> StorePlan:
+    @property
+    def one_shot_tokens(self) -> int:
+        """Cells held by entries never reused."""
+        return sum(
+            len(e) - (e.shared if e.parent in self.entries else 0)
+            for e in self.entries.values()
+            if e.hits == 0 and not e.pinned
+        )
+
+    def plan_store(
+        self,
+        tokens: Sequence[int],
+        parent: int | None,
+        shared: int,
+        running_cells: int = 0,
+        bulk: bool = False,
+    ) -> StorePlan:
         """Decide how to keep ``tokens`` (a finished sequence's KV) and apply it to the index.
 
         ``parent``/``shared``: the entry the sequence's leading ``shared`` cells were copied
-        from at admission (None/0 if it computed its KV itself)."""
+        from at admission (None/0 if it computed its KV itself). ``running_cells``: what the
+        running sequences hold; never-reused entries hold no more (at least ONE_SHOT_FLOOR).
+        ``bulk``: the request's prompt was bulk work; such entries go first."""
         tokens = list(tokens)
         if len(tokens) < MIN_STORE or len(tokens) > self.budget:
             return StorePlan(None)
@@ -171,9 +195,18 @@ class PrefixIndex:
                 evict.append(self._remove(e.cache_id))
         if parent not in self.entries:
             parent, shared = None, 0
-        # make room: an id, and the budget (the new entry adds its unshared cells)
+        # make room: an id, the budget (the new entry adds its unshared cells), and the
+        # one-shot room when the new entry is one-shot too
         own = len(tokens) - shared
-        while self._evictable() and (not self.free_ids or self.resident_tokens + own > self.budget):
+        one_shot_room = max(ONE_SHOT_FLOOR, running_cells)
+
+        def over() -> bool:
+            if not self.free_ids or self.resident_tokens + own > self.budget:
+                return True
+            one_shot = self.one_shot_tokens  # > 0: the next victim is one of them
+            return hits == 0 and one_shot > 0 and one_shot + own > one_shot_room
+
+        while self._evictable() and over():
             victim = self._victim()
             if victim.cache_id == parent:
                 parent, shared = victim.parent, min(shared, victim.shared)
@@ -181,10 +214,10 @@ class PrefixIndex:
                     shared = 0
                 own = len(tokens) - shared
             evict.append(self._evict(victim))
-        if not self.free_ids:
+        if not self.free_ids or (hits == 0 and own > one_shot_room):
             return StorePlan(None, evict)
         entry = Entry(self.free_ids.pop(), tokens, hashes, 0, parent, shared if parent else 0)
-        entry.hits = hits
+        entry.hits, entry.bulk = hits, bulk
         if entry.parent is None:
             entry.shared = 0
         self.touch(entry)
@@ -214,8 +247,9 @@ class PrefixIndex:
         return [e for e in self.entries.values() if not e.pinned]
 
     def _victim(self) -> Entry:
-        """The next entry to evict: never reused before reused, then least recently used."""
-        return min(self._evictable(), key=lambda e: (e.hits > 0, e.last_used))
+        """The next entry to evict: never reused before reused, a pasted document's before a
+        chat turn's (a conversation's first turn, not reused yet), least recently used first."""
+        return min(self._evictable(), key=lambda e: (e.hits > 0, not e.bulk, e.last_used))
 
     def evict_lru(self) -> int | None:
         """Drop the next victim (the engine clears its id); None if none."""

@@ -11,13 +11,45 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
-from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints
-from uma_serve.core.prefix.index import BLOCK, Entry, PrefixIndex, block_hashes, common_prefix
+from uma_serve.core.prefix.index import BLOCK, Entry, PrefixIndex, common_prefix
 from uma_serve.core.runtime import Span
 from uma_serve.core.runtime.api import RuntimeApi
+
+
+class Prompted(Protocol):
+    """A sequence as the prefix cache reads it (the engine's Sequence); it never changes one:
+    what a new sequence takes from the cache comes back as ``Reused``."""
+
+    @property
+    def seq_id(self) -> int: ...
+    @property
+    def prompt(self) -> list[int]: ...
+    @property
+    def prompt_hashes(self) -> list[int]: ...
+    @property
+    def n_past(self) -> int: ...
+    @property
+    def last_progress_ns(self) -> int: ...
+    @property
+    def pending_prefill(self) -> int: ...
+    @property
+    def interactive(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reused:
+    """What a new sequence took from the cache: the KV of its first ``tokens`` positions,
+    copied from ``source`` (a cache id or a running sequence's id; -1: none), and the cached
+    entry it came from (None: none, or a running sequence)."""
+
+    tokens: int = 0
+    source: int = -1
+    entry: Entry | None = None
 
 
 class PrefixStore:
@@ -58,43 +90,42 @@ class PrefixStore:
         index = PrefixIndex(range(n_seq, n_seq + n_cache), budget)
         return cls(runtime, index, metrics, constraints.n_batch, hold_ms=constraints.starve_ms)
 
-    def reuse(self, seq: Sequence, running: Iterable[Sequence] = ()) -> None:
+    def reuse(self, seq: Prompted, running: Iterable[Prompted] = ()) -> Reused:
         """Take the longest prefix of the prompt whose KV exists (all but its last token,
         which must be decoded for logits) by tagging those cells with this sequence's id:
         from a cached entry, or from a running sequence that has computed it already."""
         m = self.metrics
         m.prefix_cache_queries_total += 1
-        entry, n = self._prefix.lookup(seq.prompt, self.hashes(seq))
+        entry, n = self._prefix.lookup(seq.prompt, seq.prompt_hashes)
         n = min(n, len(seq.prompt) - 1)
         source, shared = self._running_source(seq, running)
         if source is not None and shared > n:
-            self.runtime.seq_copy(source.seq_id, seq.seq_id, shared)
-            entry, n = None, shared
+            got = Reused(shared, source.seq_id)
         elif entry is not None and n > 0:
-            self.runtime.seq_copy(entry.cache_id, seq.seq_id, n)
+            got = Reused(n, entry.cache_id, entry)
             self._prefix.touch(entry, reused=True)
         else:
-            return
-        seq.n_past = seq.cached_tokens = n
-        seq.cached_from = entry
+            return Reused()
+        self.runtime.seq_copy(got.source, seq.seq_id, got.tokens)
         m.prefix_cache_hits_total += 1
-        m.prefix_cache_cached_tokens_total += n
+        m.prefix_cache_cached_tokens_total += got.tokens
+        return got
 
     def estimate(self, hashes: list[int]) -> int:
         """Cached leading tokens of a prompt with these block hashes, to a block: callable
         from the I/O thread (one dict lookup a block, atomic under the GIL; an estimate)."""
         return self._prefix.cached_length(hashes)
 
-    def cached_length(self, seq: Sequence, running: Iterable[Sequence] = ()) -> int:
+    def cached_length(self, seq: Prompted, running: Iterable[Prompted] = ()) -> int:
         """Leading prompt tokens ``reuse`` would copy now, from an entry or a running
         sequence's computed KV (the prompt's work left is the rest)."""
-        _, n = self._prefix.lookup(seq.prompt, self.hashes(seq))
+        _, n = self._prefix.lookup(seq.prompt, seq.prompt_hashes)
         _, shared = self._running_source(seq, running)
         return min(max(n, shared), len(seq.prompt) - 1)
 
     def _running_source(
-        self, seq: Sequence, running: Iterable[Sequence]
-    ) -> tuple[Sequence | None, int]:
+        self, seq: Prompted, running: Iterable[Prompted]
+    ) -> tuple[Prompted | None, int]:
         """The running sequence whose computed KV covers the longest prefix of the prompt."""
         best, best_n = None, 0
         for other in running:
@@ -106,14 +137,14 @@ class PrefixStore:
                 best, best_n = other, n
         return best, best_n
 
-    def holder(self, running: Collection[Sequence]) -> Callable[[Sequence], bool] | None:
+    def holder(self, running: Collection[Prompted]) -> Callable[[Prompted], bool] | None:
         """The admission queue's hold: which waiting requests wait for a leader now."""
         if not running:
             return None
         now = time.monotonic_ns()
         return lambda seq: self.waits_for_leader(seq, running, now)
 
-    def waits_for_leader(self, seq: Sequence, running: Iterable[Sequence], now_ns: int) -> bool:
+    def waits_for_leader(self, seq: Prompted, running: Iterable[Prompted], now_ns: int) -> bool:
         """Hold ``seq`` back: a running sequence is still computing at least two blocks of
         prompt that ``seq`` shares, so ``seq`` copies them later instead of computing them
         too (n choices of one request, agents started with one system prompt). Only behind
@@ -130,38 +161,46 @@ class PrefixStore:
         return False
 
     @staticmethod
-    def hashes(seq: Sequence) -> list[int]:
-        """The prompt's block hash chain, computed once per sequence."""
-        if seq.prompt_hashes is None:
-            seq.prompt_hashes = block_hashes(seq.prompt)
-        return seq.prompt_hashes
-
-    @classmethod
-    def shared_blocks(cls, a: Sequence, b: Sequence) -> int:
+    def shared_blocks(a: Prompted, b: Prompted) -> int:
         """Full prompt blocks two sequences have in common (chained hashes, so a run)."""
         n = 0
-        for x, y in zip(cls.hashes(a), cls.hashes(b), strict=False):
+        for x, y in zip(a.prompt_hashes, b.prompt_hashes, strict=False):
             if x != y:
                 break
             n += 1
         return n
 
-    def store(self, seq: Sequence) -> None:
-        """Keep a finished sequence's KV under a cache id (before its working id is cleared)."""
-        parent: Entry | None = seq.cached_from
+    def store(
+        self,
+        seq_id: int,
+        tokens: list[int],
+        reused: Reused,
+        running_cells: int = 0,
+        bulk: bool = False,
+    ) -> None:
+        """Keep a finished sequence's KV (``tokens``, by position) under a cache id, before its
+        working id is cleared; ``reused``: what it took from the cache at admission;
+        ``running_cells``, ``bulk``: PrefixIndex.plan_store's."""
+        parent = reused.entry
         if parent is not None and self._prefix.entries.get(parent.cache_id) is not parent:
             parent = None  # evicted since (its id may hold another entry now)
         plan = self._prefix.plan_store(
-            seq.kv_tokens(),
+            tokens,
             parent.cache_id if parent else None,
-            seq.cached_tokens if parent else 0,
+            reused.tokens if parent else 0,
+            running_cells,
+            bulk,
         )
         for cache_id in plan.evict:
             self.runtime.seq_clear(cache_id)
         if plan.entry is not None:
-            self.runtime.seq_copy(seq.seq_id, plan.entry.cache_id, len(plan.entry))
+            self.runtime.seq_copy(seq_id, plan.entry.cache_id, len(plan.entry))
         self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
         self.metrics.prefix_cache_entries = len(self._prefix.entries)
+
+    def can_evict(self) -> bool:
+        """Whether evict_for_room would free anything (an entry that is not pinned)."""
+        return any(not e.pinned for e in self._prefix.entries.values())
 
     def evict_for_room(self) -> bool:
         """Free cached prefixes (the KV is needed by running sequences): those never reused
@@ -220,45 +259,57 @@ class SnapshotStore:
         self.metrics = metrics
         self._kv: dict[int, bytes] = {}  # entry id -> its sequence state
 
-    def reuse(self, seq: Sequence, running: Iterable[Sequence] = ()) -> None:
+    def reuse(self, seq: Prompted, running: Iterable[Prompted] = ()) -> Reused:
         """Empty the KV cache, then restore the longest cached prefix of the prompt (all but
         its last token) into the sequence."""
         m = self.metrics
         m.prefix_cache_queries_total += 1
         self.runtime.clear_all()
-        entry, n = self._prefix.lookup(seq.prompt, PrefixStore.hashes(seq))
+        entry, n = self._prefix.lookup(seq.prompt, seq.prompt_hashes)
         n = min(n, len(seq.prompt) - 1)
         if entry is None or n <= 0:
-            return
+            return Reused()
         if not self.runtime.seq_restore(seq.seq_id, self._kv[entry.cache_id]):
             self.runtime.clear_all()
-            return
+            return Reused()
         self.runtime.seq_trim(seq.seq_id, n)
         self._prefix.touch(entry, reused=True)
-        seq.n_past = seq.cached_tokens = n
         m.prefix_cache_hits_total += 1
         m.prefix_cache_cached_tokens_total += n
+        return Reused(n, entry.cache_id)  # a snapshot: it shares no cells with the entry
 
     def estimate(self, hashes: list[int]) -> int:
         return self._prefix.cached_length(hashes)
 
-    def cached_length(self, seq: Sequence, running: Iterable[Sequence] = ()) -> int:
-        _, n = self._prefix.lookup(seq.prompt, PrefixStore.hashes(seq))
+    def cached_length(self, seq: Prompted, running: Iterable[Prompted] = ()) -> int:
+        _, n = self._prefix.lookup(seq.prompt, seq.prompt_hashes)
         return min(n, len(seq.prompt) - 1)
 
-    def holder(self, running: Collection[Sequence]) -> Callable[[Sequence], bool] | None:
+    def holder(self, running: Collection[Prompted]) -> Callable[[Prompted], bool] | None:
         return None  # one request at a time: nobody computes a prefix for a follower
 
-    def store(self, seq: Sequence) -> None:
-        """Copy a finished sequence's KV out as a new entry (before its id is cleared)."""
-        plan = self._prefix.plan_store(seq.kv_tokens(), None, 0)
+    def store(
+        self,
+        seq_id: int,
+        tokens: list[int],
+        reused: Reused,
+        running_cells: int = 0,
+        bulk: bool = False,
+    ) -> None:
+        """Copy a finished sequence's KV out as a new entry (before its id is cleared); entries
+        on the host cost the decodes nothing: ``running_cells`` and ``bulk`` are not needed."""
+        plan = self._prefix.plan_store(tokens, None, 0)
         for cache_id in plan.evict:
             self._kv.pop(cache_id, None)
         if plan.entry is not None:
-            if len(plan.entry) < seq.n_past:
-                self.runtime.seq_trim(seq.seq_id, len(plan.entry))
-            self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq.seq_id)
+            if len(plan.entry) < len(tokens):
+                self.runtime.seq_trim(seq_id, len(plan.entry))
+            self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq_id)
         self._update_metrics()
+
+    def can_evict(self) -> bool:
+        """Entries hold no KV cells: dropping them frees none."""
+        return False
 
     def evict_for_room(self) -> bool:
         """Entries hold no KV cells: dropping them frees none (False)."""

@@ -6,7 +6,7 @@ request's GBNF grammar; ``params``: the
 plain data they are built from.
 """
 
-from uma_serve.core.runtime.params import RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime.params import RuntimeParams, Span
 from uma_serve.core.runtime.runtime import Runtime, gpu_offload
 
-__all__ = ["Runtime", "RuntimeParams", "SamplingParams", "Span", "gpu_offload"]
+__all__ = ["Runtime", "RuntimeParams", "Span", "gpu_offload"]

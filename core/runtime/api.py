@@ -7,14 +7,21 @@ and the sampler are typed against this protocol, not against llama.cpp.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from uma_serve.core import protocol as proto
 from uma_serve.core.runtime.params import RuntimeParams, Span
 
-if TYPE_CHECKING:
-    from uma_serve.core.sampling import Constraint
+
+class Constraint(Protocol):
+    """What a grammar (core/runtime/grammar.py) does for the sampling chain."""
+
+    def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray: ...
+    def allowed(self, row: np.ndarray, p: proto.Sampling) -> tuple[np.ndarray, np.ndarray]: ...
+    def accept(self, token: int) -> None: ...
+    def free(self) -> None: ...
 
 
 @runtime_checkable

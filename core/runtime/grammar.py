@@ -18,12 +18,15 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+from typing import TYPE_CHECKING
 
 import llama_cpp as ll
 import numpy as np
 
 from uma_serve.core.runtime.grammar_limits import shape_error
-from uma_serve.core.runtime.params import SamplingParams
+
+if TYPE_CHECKING:
+    from uma_serve.core.protocol import Sampling
 
 BANDS = (4.0, 8.0, 12.0, 16.0, 24.0)  # logits below the row's peak, checked band by band
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -97,7 +100,7 @@ class Grammar:
         ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
         return np.isfinite(data["logit"])
 
-    def allowed(self, logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    def allowed(self, logits: np.ndarray, p: Sampling) -> tuple[np.ndarray, np.ndarray]:
         """The allowed candidates among the row's best, in growing bands below its peak,
         until the band holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row),
         so they hold the allowed top-k exactly. EOG tokens are checked with the first band.

@@ -1,4 +1,5 @@
-"""What the runtime is built from and what a batch is made of: plain data, no llama.cpp."""
+"""What the runtime is built from and what a batch is made of: plain data, no llama.cpp
+(a request's sampling parameters are core/protocol.py's ``Sampling``)."""
 
 from __future__ import annotations
 
@@ -37,20 +38,6 @@ class RuntimeParams:
     # size: with every decode kept within 2..63 tokens by the caller, a position's logits and
     # KV then depend only on the tokens before it (docs/MEMORY.md, "Reproducible greedy output")
     deterministic: bool = False
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.8
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.0
-    penalty_last_n: int = 64
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), applied first
 
 
 @dataclass(frozen=True)

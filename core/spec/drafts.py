@@ -1,16 +1,16 @@
-"""Prompt-lookup speculation on the executor's side: drafts before a tick, verification after.
+"""Prompt-lookup speculation on the engine's side: what to propose before a tick, and what a
+verification says about the drafts after it.
 
 The policy (core/policy/spec.py) decides how many drafted tokens each stream's decode item
-carries; here the drafts are proposed from each sequence's own n-gram index and, once the tick
-has logits on every drafted row, accepted while they agree with what the session's sampler
-drew (core/engine/executor.py samples the rows).
+carries; the proposals come from each sequence's own n-gram index, and once the tick has
+logits on every drafted row the executor draws them with the session's own sampler while
+they agree with the drafts (core/engine/executor.py). The scheduler keeps the agreeing run
+and feeds the acceptance back here; nothing here changes a sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from uma_serve.core.engine.sequence import Sequence
+from uma_serve.core.spec.ngram import NgramIndex
 
 
 class WorkloadAcceptance:
@@ -28,55 +28,30 @@ class WorkloadAcceptance:
         self.value = 0.1 * rate + 0.9 * self.value
 
 
-def propose_drafts(
-    decoding: list[Sequence], max_draft: int, max_streams: int, n_ctx_per_seq: int
-) -> None:
-    """Prompt-lookup proposals for the decoding sequences (only while few decode)."""
-    few = len(decoding) <= max_streams
-    for s in decoding:
-        s.draft = ()
-        if few and s.ngrams is not None:
-            limit = min(
-                max_draft,
-                s.request.max_tokens - s.generated - 1,
-                n_ctx_per_seq - s.n_past - 2,
-            )
-            s.draft = s.ngrams.draft(limit)
+def drafting(n_decoding: int, max_streams: int) -> bool:
+    """Whether to propose drafts this tick: only while few streams decode (a draft slows every
+    stream of the tick)."""
+    return n_decoding <= max_streams
 
 
-def accept(
-    seq: Sequence,
-    drafts: list[int],
-    n_sampled: int,
-    emit: Callable[[int], None],
-    workload: WorkloadAcceptance | None = None,
-) -> int:
-    """Speculative verification of [pending token, *drafts] decoded with logits on every row;
-    returns how many drafts were accepted.
+def proposal(
+    ngrams: NgramIndex | None, max_draft: int, tokens_left: int, cells_left: int
+) -> tuple[int, ...]:
+    """One decoding stream's prompt-lookup draft: what followed the last occurrence of its
+    latest tokens, within its ``max_tokens`` (``tokens_left`` to generate) and its context
+    (``cells_left`` positions)."""
+    if ngrams is None:
+        return ()
+    return ngrams.draft(min(max_draft, tokens_left - 1, cells_left - 2))
 
-    Row j holds the distribution after the pending token and drafts[:j]; the executor drew
-    ``n_sampled`` rows with the session's own sampler, in order, while the token equalled
-    drafts[j]. ``emit(j)`` hands the token of row j to the usual path; while it equals
-    drafts[j], that token is already in the KV at the next position. The first disagreement
-    (or the row after the last draft) yields the new pending token; the caller removes the KV
-    beyond the accepted run. Every emitted token is the one plain decoding would sample from
-    the same logits: greedy output is identical, sampled output has the same law.
-    """
-    seq.n_past += 1  # the pending token
-    seq.next_token = None
-    accepted = 0
-    for j in range(n_sampled):
-        emit(j)
-        if seq.next_token is None:  # finished (EOS, stop string, length)
-            break
-        if j == len(drafts) or seq.next_token != drafts[j]:
-            break
-        seq.n_past += 1
-        accepted += 1
-        seq.next_token = None
-    # per-token acceptance: accepted tokens over accepted + the one rejection (if any)
-    rate = accepted / (accepted + (accepted < len(drafts)))
-    seq.spec_accept_ewma = 0.3 * rate + 0.7 * seq.spec_accept_ewma
-    if workload is not None:
-        workload.observe(rate)
-    return accepted
+
+def acceptance(accepted: int, n_drafts: int) -> float:
+    """One verification's per-token acceptance: the accepted drafts over those and the one
+    rejection (if any). Every emitted token is the one plain decoding would sample from the
+    same logits: greedy output is identical, sampled output has the same law."""
+    return accepted / (accepted + (accepted < n_drafts))
+
+
+def smoothed(ewma: float, rate: float) -> float:
+    """A session's acceptance estimate after a verification (what SpeculativeDecode reads)."""
+    return 0.3 * rate + 0.7 * ewma

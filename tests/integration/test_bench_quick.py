@@ -70,6 +70,11 @@ def test_bench_quick(scenario: str, tmp_path: Path) -> None:
         assert 0 < summary["ttft_p50_ms"] < 10_000
         assert 0 < summary["itl_p50_ms"] < 2_000
         assert summary["ttf5_p50_ms"] >= summary["ttft_p50_ms"]
+        card = json.loads((out / "scorecard.json").read_text())  # the server's side of the run
+        assert card == summary["scorecard"]
+        assert card["tick_count"] > 0 and card["ttft_count"] == summary["requests"]
+        assert 0 < card["tick_p50_ms"] <= card["tick_p95_ms"] <= card["tick_p99_ms"]
+        assert card["tokens_per_tick"] >= 1 and 0 < card["engine_idle_share"] < 1
     if scenario == "storm":
         assert summary["background"]["completed"] > 0
         assert summary["ratio_to_solo"]["itl_p50_ms"] > 0

@@ -3,18 +3,16 @@ logits, and the same tokens from either source of candidates in the daemon."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 import numpy as np
 import pytest
-from host_row import host_token
+from host_row import host_token, only
 from llama_chain import LlamaChain
 
 from uma_serve.clients.client import new_id
 from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
-from uma_serve.core.runtime import Runtime, RuntimeParams, SamplingParams, Span
+from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 from uma_serve.core.sampling import SamplerState, draw
 
 from .helpers import gen, start_daemon
@@ -27,7 +25,7 @@ def runtime():
     rt.close()
 
 
-def chain(rt: Runtime, params: SamplingParams) -> LlamaChain:
+def chain(rt: Runtime, params: p.Sampling) -> LlamaChain:
     return LlamaChain(rt.n_vocab, params, 0)
 
 
@@ -38,7 +36,7 @@ def candidates(state: SamplerState, ids: np.ndarray, logits: np.ndarray) -> int:
     return token
 
 
-def generate_both(rt: Runtime, params: SamplingParams, prompt: str, steps: int):
+def generate_both(rt: Runtime, params: p.Sampling, prompt: str, steps: int):
     """Decode with llama.cpp's chain; at every step ask the numpy sampler too (same history)."""
     rt.seq_clear(0)
     tokens = rt.tokenize(prompt)
@@ -61,13 +59,13 @@ def generate_both(rt: Runtime, params: SamplingParams, prompt: str, steps: int):
 
 
 def test_greedy_is_token_identical(runtime) -> None:
-    pairs = generate_both(runtime, SamplingParams(temperature=0.0), "The history of Rome", 40)
+    pairs = generate_both(runtime, only(temperature=0.0), "The history of Rome", 40)
     assert all(a == b for a, b in pairs), pairs
 
 
 def test_warm_up_leaves_an_empty_cache_and_the_same_output(runtime) -> None:
     """umad's start-up warm-up run: nothing of it stays in the KV cache or changes a result."""
-    params = SamplingParams(temperature=0.0)
+    params = only(temperature=0.0)
     before = generate_both(runtime, params, "The capital of France is", 12)
     runtime.warm_up()
     assert runtime.seq_pos_max(0) == -1
@@ -75,9 +73,7 @@ def test_warm_up_leaves_an_empty_cache_and_the_same_output(runtime) -> None:
 
 
 def test_greedy_with_penalties_is_token_identical(runtime) -> None:
-    params = SamplingParams(
-        temperature=0.0, repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.6
-    )
+    params = only(temperature=0.0, repeat_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.6)
     pairs = generate_both(runtime, params, "1, 2, 3, 1, 2, 3, 1, 2,", 40)
     assert all(a == b for a, b in pairs), pairs
 
@@ -85,10 +81,10 @@ def test_greedy_with_penalties_is_token_identical(runtime) -> None:
 def test_greedy_with_logit_bias_is_token_identical(runtime) -> None:
     """A bias goes first in the chain, as llama.cpp's: the greedy token banned (-100), another
     pushed up; both samplers agree at every step and the banned token never comes."""
-    plain = generate_both(runtime, SamplingParams(temperature=0.0), "The capital of France", 8)
+    plain = generate_both(runtime, only(temperature=0.0), "The capital of France", 8)
     banned = plain[0][1]
     pushed = runtime.tokenize(" Berlin", add_special=False)[0]
-    params = SamplingParams(temperature=0.0, logit_bias=((banned, -100.0), (pushed, 4.0)))
+    params = only(temperature=0.0, logit_bias={banned: -100.0, pushed: 4.0})
     pairs = generate_both(runtime, params, "The capital of France", 24)
     assert all(a == b for a, b in pairs), pairs
     assert banned not in [b for _, b in pairs] and pairs != plain
@@ -102,15 +98,15 @@ def test_sampled_with_logit_bias_matches_the_chain(runtime) -> None:
     rc, rows = runtime.decode([Span(0, 0, tokens, True)])
     row = np.array(runtime.logits_row(rows[0]))
     order = np.argsort(row)[::-1]
-    bias = ((int(order[0]), -100.0), (int(order[4]), 2.0))
-    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=7, logit_bias=bias)
+    bias = {int(order[0]): -100.0, int(order[4]): 2.0}
+    params = only(temperature=0.8, top_k=40, top_p=0.95, seed=7, logit_bias=bias)
     n = 3000
     state = SamplerState(params, 0)
     assert state.needs_full_row(64)  # a device top-k cannot stand in for a biased row
     mine = [host_token(state, row.copy()) for _ in range(n)]
     theirs = []
     for i in range(n):
-        oracle = chain(runtime, dataclasses.replace(params, seed=1000 + i))
+        oracle = chain(runtime, msgspec.structs.replace(params, seed=1000 + i))
         theirs.append(oracle.sample(runtime.ctx, rows[0]))
         oracle.free()
     support = sorted(set(mine) | set(theirs))
@@ -165,13 +161,13 @@ def test_logprobs_are_the_models_log_softmax(runtime, tmp_path) -> None:
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=1),
-        SamplingParams(temperature=0.7, top_p=0.8, seed=2),
-        SamplingParams(temperature=1.0, min_p=0.05, seed=3),
-        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=4),
+        only(temperature=0.9, top_k=40, top_p=0.9, seed=1),
+        only(temperature=0.7, top_p=0.8, seed=2),
+        only(temperature=1.0, min_p=0.05, seed=3),
+        only(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=4),
     ],
 )
-def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams) -> None:
+def test_sampled_distribution_matches_the_chain(runtime, params: p.Sampling) -> None:
     """Many draws from one logits row: both samplers' frequencies agree (total variation);
     with a top-k, so do draws from the row's top 64 candidates (what backend-topk gets from
     the device)."""
@@ -188,7 +184,7 @@ def test_sampled_distribution_matches_the_chain(runtime, params: SamplingParams)
     mine_c = [candidates(state_c, top, row[top]) for _ in range(n)] if params.top_k else []
     theirs = []
     for i in range(n):
-        oracle = chain(runtime, dataclasses.replace(params, seed=1000 + i))
+        oracle = chain(runtime, msgspec.structs.replace(params, seed=1000 + i))
         theirs.append(oracle.sample(runtime.ctx, rows[0]))
         oracle.free()
     support = sorted(set(mine) | set(theirs))

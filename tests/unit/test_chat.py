@@ -94,3 +94,29 @@ def test_content_the_template_leaves_out_is_an_error() -> None:
     )
     with pytest.raises(ChatTemplateError, match="leaves out the content of a 'assistant'"):
         users_only.render_parts([("user", "u"), ("assistant", "a"), ("user", "v")])
+
+
+THINKING = ChatTemplate(
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_chat_template_kwargs_are_the_templates_variables() -> None:
+    """A request's chat_template_kwargs reach the template (Qwen3's enable_thinking), and
+    may replace a default (add_generation_prompt), as vLLM and llama-server pass them."""
+    chat = [("user", "hi")]
+    assert THINKING.render(chat) == "<user>hi<assistant>"
+    assert THINKING.render(chat, {"enable_thinking": False}) == "<user>hi<assistant><think></think>"
+    assert THINKING.render(chat, {"add_generation_prompt": False}) == "<user>hi"
+    parts = THINKING.render_parts(chat, {"enable_thinking": False})
+    assert parts == [("<user>", True), ("hi", False), ("<assistant><think></think>", True)]
+
+
+def test_chat_template_kwargs_never_replace_the_messages() -> None:
+    chat = [("user", "hi")]
+    assert THINKING.render(chat, {"messages": [{"role": "user", "content": "evil"}]}) == (
+        "<user>hi<assistant>"
+    )

@@ -31,21 +31,28 @@ def test_unknown_yaml_key_is_an_error(tmp_path) -> None:
         cfg.load(["--config", str(path)], environ={})
 
 
-def test_legacy_yaml_keys_are_ignored_with_a_warning(tmp_path, caplog) -> None:
+@pytest.mark.parametrize(
+    "yaml", ["ipc:\n  backlog: 64\n", "scheduler:\n  start_target_tokens: 128\n",
+             "metrics:\n  tick_interval_ms: 1000\n", "scheduler:\n  overlap: auto\n"],
+)  # fmt: skip
+def test_removed_yaml_keys_are_unknown_keys(tmp_path, yaml: str) -> None:
+    """Keys and options of older releases are gone (CHANGELOG.md): errors like any typo."""
     path = tmp_path / "uma.yaml"
-    path.write_text(
-        "ipc:\n  uds_path: /tmp/x.sock\n  backlog: 64\n"
-        "scheduler:\n  start_target_tokens: 128\n  tick_budget_ms: 40\n"
-        "metrics:\n  tick_interval_ms: 1000\n"
-    )
-    with caplog.at_level("WARNING", logger="uma.config"):
-        c = cfg.load(["--config", str(path)], environ={})
-    assert (c.socket, c.tick_budget_ms) == ("/tmp/x.sock", 40.0)
-    for key in ("ipc.backlog", "scheduler.start_target_tokens", "metrics.tick_interval_ms"):
-        assert key in caplog.text and "ignored" in caplog.text
-    path.write_text("metrics:\n  tick_interval_ms: 1000\n  tick_interval: 5\n")
-    with pytest.raises(ValueError, match="metrics.tick_interval'"):
+    path.write_text(yaml)
+    with pytest.raises(ValueError, match="unknown key"):
         cfg.load(["--config", str(path)], environ={})
+
+
+def test_removed_flags_and_values_are_errors(capsys) -> None:
+    """--overlap, --sampler llama|backend and 'tuner' in --policy (CHANGELOG.md) are gone."""
+    with pytest.raises(SystemExit):
+        cfg.load(["--overlap", "on"], environ={})
+    assert "unrecognized arguments: --overlap" in capsys.readouterr().err
+    for old in ("llama", "backend"):  # llama.cpp's own chains
+        with pytest.raises(ValueError, match="sampler must be one of auto, numpy, backend-topk"):
+            cfg.load(["--sampler", old], environ={})
+    with pytest.raises(ValueError, match="unknown transformer"):
+        cfg.load(["--policy", "qos,latency,tuner"], environ={})
 
 
 def test_drain_timeout_from_flag_env_and_yaml(tmp_path) -> None:
@@ -62,16 +69,30 @@ def test_drain_timeout_from_flag_env_and_yaml(tmp_path) -> None:
 def test_deterministic_from_flag_env_and_yaml(tmp_path) -> None:
     from uma_serve.core.daemon import deterministic
 
-    assert cfg.load([], environ={}).deterministic == "off"
+    assert cfg.load([], environ={}).deterministic is False
     path = tmp_path / "uma.yaml"
-    path.write_text("deterministic: on\n")  # YAML's boolean
-    assert cfg.load(["--config", str(path)], environ={}).deterministic == "on"
+    for text in ("deterministic: on\n", "deterministic: 'on'\n", "deterministic: true\n"):
+        path.write_text(text)  # YAML's boolean, or the word
+        assert cfg.load(["--config", str(path)], environ={}).deterministic is True
     c = cfg.load([], environ={"UMA_DETERMINISTIC": "on"})
     d = deterministic(c)  # the daemon's overrides: one request at a time, short decodes
     assert (d.n_seq, d.n_batch, d.n_ubatch) == (1, cfg.DETERMINISTIC_BATCH, cfg.DETERMINISTIC_BATCH)
     assert deterministic(cfg.load([], environ={})) == cfg.load([], environ={})
-    with pytest.raises(ValueError, match="deterministic must be on or off"):
-        cfg.load(["--deterministic", "yes"], environ={})
+    with pytest.raises(ValueError, match="deterministic: 'maybe' is not on or off"):
+        cfg.load(["--deterministic", "maybe"], environ={})
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "want"),
+    [([], {}, False), (["--deterministic"], {}, True), (["--deterministic", "on"], {}, True),
+     (["--deterministic", "OFF"], {"UMA_DETERMINISTIC": "on"}, False),
+     (["--no-deterministic"], {"UMA_DETERMINISTIC": "1"}, False),
+     ([], {"UMA_DETERMINISTIC": "true"}, True), ([], {"UMA_DETERMINISTIC": "off"}, False),
+     (["--deterministic", "--n-ctx", "1024"], {}, True)],
+)  # fmt: skip
+def test_a_switch_is_a_boolean_set_by_flag_word_or_environment(argv, env, want) -> None:
+    """--x, --x on|off, --no-x and UMA_X=on|off|true|false|1|0: a real boolean either way."""
+    assert cfg.load(argv, environ=env).deterministic is want
 
 
 @pytest.mark.parametrize(
@@ -133,13 +154,32 @@ def test_config_doc_lists_every_gateway_flag_with_its_default(monkeypatch) -> No
             assert documented == action.default, flag
 
 
+def test_gateway_settings_come_from_the_flags_of_their_names(monkeypatch) -> None:
+    """Every Settings field is set by the flag whose dest is its name, and that flag's default
+    is the field's own (gateway/main.py copies nothing by hand)."""
+    from dataclasses import fields
+
+    from uma_serve.gateway.app import Settings
+
+    monkeypatch.delenv("UMA_SOCKET", raising=False)
+    monkeypatch.delenv("UMA_API_KEY", raising=False)
+    ap = gateway_main.parser()
+    assert {f.name for f in fields(Settings)} <= {a.dest for a in ap._actions}
+    assert gateway_main.settings_from(ap.parse_args([])) == Settings()
+    argv = ["--max-inflight", "3", "--served-model-name", "a", "--strict-fields", "--routing",
+            "round-robin", "--cors-origin", "*", "--core-socket", "/c.sock"]  # fmt: skip
+    s = gateway_main.settings_from(ap.parse_args(argv))
+    got = (s.max_inflight, s.served_model_names, s.strict_fields, s.routing, s.cors_origins)
+    assert got == (3, ["a"], True, "round-robin", ["*"]) and s.core_sockets == ["/c.sock"]
+
+
 def test_config_doc_names_no_option_that_does_not_exist() -> None:
     foreign = {"--parallel"}  # llama-server's, named for comparison
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", CONFIG_DOC))
     unknown = named - flags(cfg.parser()) - flags(gateway_main.parser()) - {"--help"} - foreign
     assert not unknown
     gateway_env = re.findall(r'env_list\("(UMA_\w+)"\)', Path(gateway_main.__file__).read_text())
-    known_env = {cfg.env_name(n) for n in [*cfg.OPTIONS, *cfg.REMOVED_OPTIONS]}
+    known_env = {cfg.env_name(n) for n in cfg.OPTIONS}
     known_env |= {"UMA_CONFIG", *gateway_env}
     assert set(re.findall(r"\bUMA_[A-Z_]+\b", CONFIG_DOC)) <= known_env
 
@@ -152,21 +192,14 @@ def test_config_doc_yaml_example_loads(tmp_path) -> None:
     assert (c.max_sessions, c.model) == (32, "/models/my-model.gguf")
 
 
-def test_removed_options_are_accepted_with_a_warning(tmp_path, caplog) -> None:
-    path = tmp_path / "uma.yaml"
-    path.write_text("scheduler:\n  overlap: auto\n")
-    with caplog.at_level("WARNING", logger="uma.config"):
-        cfg.load(["--overlap", "on", "--config", str(path)], environ={"UMA_OVERLAP": "off"})
-    assert caplog.text.count("option overlap was removed and is ignored") == 3
-
-
-def test_tuner_is_its_own_option_and_policy_lists_transformers_only(caplog) -> None:
+def test_tuner_is_its_own_option_and_policy_lists_transformers_only(tmp_path) -> None:
     c = cfg.load([], environ={})
-    assert (cfg.policy_names(c), c.tuner) == (["qos", "spec", "latency", "bmt"], "on")
-    with caplog.at_level("WARNING", logger="uma.config"):
-        old = cfg.load(["--policy", "qos,latency,tuner"], environ={})
-    assert (old.policy, old.tuner) == ("qos,latency", "on") and "--tuner on" in caplog.text
-    assert cfg.load(["--policy", "qos,tuner", "--tuner", "off"], environ={}).tuner == "off"
+    assert (cfg.policy_names(c), c.tuner) == (["qos", "spec", "latency", "bmt"], True)
+    assert cfg.load(["--no-tuner"], environ={}).tuner is False
+    assert cfg.load(["--tuner", "off"], environ={}).tuner is False
+    assert cfg.load([], environ={"UMA_TUNER": "off"}).tuner is False
+    (tmp_path / "uma.yaml").write_text("scheduler:\n  tuner: off\n")
+    assert cfg.load(["--config", str(tmp_path / "uma.yaml")], environ={}).tuner is False
     with pytest.raises(ValueError, match="unknown transformer"):
         cfg.load(["--policy", "qos,warp-drive"], environ={})
 
@@ -187,16 +220,6 @@ def test_gpu_split_options(tmp_path) -> None:
     ):
         with pytest.raises(ValueError, match=message):
             cfg.load(argv, environ={})
-
-
-def test_removed_sampler_values_start_as_auto_with_a_warning(caplog) -> None:
-    """llama.cpp's own chains (--sampler llama|backend) were removed: an old unit file still
-    starts, on the one sampler, and the log says why."""
-    for old in ("llama", "backend"):
-        assert cfg.load(["--sampler", old], environ={}).sampler == "auto"
-        assert f"--sampler {old} was removed" in caplog.text
-    with pytest.raises(ValueError, match="sampler must be one of"):
-        cfg.load(["--sampler", "nonsense"], environ={})
 
 
 def test_make_run_serves_the_instruct_chat_model_unless_one_is_named(monkeypatch) -> None:

@@ -15,25 +15,32 @@ from uma_serve.core.policy import (
     SchedulerState,
     SessionView as View,
 )
-from uma_serve.core.policy.bmt import BmtGuard, tick_bytes, weight_bytes
+from uma_serve.core.policy.bmt import BmtGuard, BmtSettings, tick_bytes, weight_bytes
 from uma_serve.core.policy.cost import TickCost
-from uma_serve.core.policy.lanes import QosLanes
-from uma_serve.core.policy.latency_guard import STARVED_CHUNK, GuardState, LatencyGuard
+from uma_serve.core.policy.lanes import QosLanes, Turns
+from uma_serve.core.policy.latency_guard import (
+    STARVED_CHUNK,
+    GuardSettings,
+    GuardState,
+    LatencyGuard,
+    Pause,
+)
 from uma_serve.core.policy.pipeline import build_policy
 from uma_serve.core.policy.plan import ModelFacts, plan_shape
 
 NOW = 10_000_000_000
 COST = TickCost(a=15.0, b=3.0, c=3.0, d=0.0, samples=100)  # decode 1: 18 ms; +3 ms per token
-C = Constraints(n_batch=512, tick_budget_ms=float("inf"), headroom=0.2, bg_tick_ms=120.0)
+C = Constraints(n_batch=512, tick_budget_ms=float("inf"), bg_tick_ms=120.0)
+HEADROOM = GuardSettings().headroom  # 0.2
 
 
 def view(seq, phase, qos="interactive", pending=0, n_past=50, progress=NOW, burst=0):
     return View(seq, phase, qos, 50, n_past, pending, 0, 0, None, None, progress, burst)
 
 
-def state(*views, guard_hold: int = 0, guard_ramp: int | None = None, **stats) -> SchedulerState:
-    g = GuardState(hold=guard_hold, ramp=guard_ramp)
-    return SchedulerState(tuple(views), EngineStats(cost=COST, guard=g, **stats), NOW)
+def state(*views, guard_hold: int = 0, guard_ramp: int | None = None, **turns) -> SchedulerState:
+    own = (GuardState(hold=guard_hold, ramp=guard_ramp), Turns(**turns))
+    return SchedulerState(tuple(views), EngineStats(cost=COST, states=own), NOW)
 
 
 def predicted(plan: Plan, st: SchedulerState) -> float:
@@ -58,7 +65,7 @@ def test_qos_serves_all_interactive_and_caps_background_fairly() -> None:
         view(1, Phase.DECODE, "background", progress=NOW - 5),
         view(2, Phase.DECODE, "background", progress=NOW - 9),  # waited longest
         view(3, Phase.DECODE, "background", progress=NOW - 1),
-        bg_decoders_cap=1,
+        cap=1,
     )
     plan = QosLanes().apply(Plan((dec(1), dec(2), dec(3), dec(0))), st, C)
     assert [i.seq_id for i in plan.items] == [0, 2]
@@ -69,8 +76,8 @@ def test_qos_burst_keeps_a_turn_for_k_ticks() -> None:
     st = state(
         view(1, Phase.DECODE, "background", progress=NOW, burst=1),  # mid-turn
         view(2, Phase.DECODE, "background", progress=NOW - 9),
-        bg_decoders_cap=1,
-        bg_burst=3,
+        cap=1,
+        burst=3,
     )
     plan = QosLanes().apply(Plan((dec(1), dec(2))), st, C)
     assert [i.seq_id for i in plan.items] == [1]
@@ -96,15 +103,15 @@ def test_guard_admits_only_prefill_that_fits_while_interactive_decodes() -> None
 
 def test_guard_parks_background_decoders_that_do_not_fit() -> None:
     st = state(view(0, Phase.DECODE), view(1, Phase.DECODE, "background"))
-    c = Constraints(n_batch=512, tick_budget_ms=float("inf"), headroom=0.1)  # 19.8 ms < 21
-    plan = LatencyGuard().apply(Plan((dec(0), dec(1))), st, c)
+    tight = LatencyGuard(GuardSettings(headroom=0.1))  # 19.8 ms < 21
+    plan = tight.apply(Plan((dec(0), dec(1))), st, C)
     assert [i.seq_id for i in plan.items] == [0] and plan.parked == (1,)
 
 
 def test_guard_explicit_slo() -> None:
-    c = Constraints(n_batch=512, tick_budget_ms=float("inf"), slo_tbt_ms=30.0)
+    guard = LatencyGuard(GuardSettings(slo_tbt_ms=30.0))
     st = state(view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
-    plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, c)
+    plan = guard.apply(Plan((dec(0), pre(1, 500))), st, C)
     assert plan.items[1].n_tokens == 4  # (30 - 18) / 3
 
 
@@ -118,13 +125,13 @@ def test_guard_bounds_ticks_without_interactive_decoders() -> None:
 def test_guard_lets_background_ticks_run_whole_once_interactive_traffic_is_quiet() -> None:
     from dataclasses import replace
 
-    c = replace(C, quiet_ms=1000.0)
+    guard = LatencyGuard(GuardSettings(quiet_ms=1000.0))
     bg = view(1, Phase.PREFILL, "background", 1000)
     recent = SchedulerState((bg,), EngineStats(cost=COST), NOW, last_interactive_ns=NOW - 500e6)
     quiet = replace(recent, last_interactive_ns=NOW - 1500e6)
     plan = Plan((pre(1, 512),))
-    assert LatencyGuard().apply(plan, recent, c).items[0].n_tokens == 35  # bg_tick_ms bound
-    assert LatencyGuard().apply(plan, quiet, c).items[0].n_tokens == 512  # the whole batch
+    assert guard.apply(plan, recent, C).items[0].n_tokens == 35  # bg_tick_ms bound
+    assert guard.apply(plan, quiet, C).items[0].n_tokens == 512  # the whole batch
     assert LatencyGuard().apply(plan, quiet, C).items[0].n_tokens == 35  # quiet_ms 0: off
 
 
@@ -136,10 +143,10 @@ def test_guard_lets_a_new_interactive_prompt_stretch_the_tick() -> None:
 
 def test_guard_hold_stops_background_prefill_then_ramp_caps_it() -> None:
     views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
-    loose = Constraints(n_batch=512, tick_budget_ms=float("inf"), slo_tbt_ms=60.0)
-    held = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*views, guard_hold=3), loose)
+    loose = LatencyGuard(GuardSettings(slo_tbt_ms=60.0))
+    held = loose.apply(Plan((dec(0), pre(1, 500))), state(*views, guard_hold=3), C)
     assert [i.seq_id for i in held.items] == [0] and held.guard_active
-    ramp = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*views, guard_ramp=2), loose)
+    ramp = loose.apply(Plan((dec(0), pre(1, 500))), state(*views, guard_ramp=2), C)
     assert ramp.items[1].n_tokens == 2
 
 
@@ -152,15 +159,15 @@ def test_guard_pauses_for_a_whole_prefill_tick_when_cost_is_stepped() -> None:
     st = SchedulerState(views, EngineStats(cost=GPU, overhead_ms_ewma=0.3), NOW)
     paused = LatencyGuard().apply(plan, st, C)
     # a step's worth of prompt: the gap it stretches pays the step twice, no more
-    assert paused.pause and paused.items == (dec(0), pre(1, int(GPU.e / GPU.c)))
+    assert paused.noted(Pause) and paused.items == (dec(0), pre(1, int(GPU.e / GPU.c)))
     assert paused.budget_ms == GPU.predict(plan_shape((dec(0),), {0: views[0]})) + 2 * GPU.e
     held = LatencyGuard().apply(
-        plan, replace(st, stats=replace(st.stats, guard=GuardState(hold=5))), C
+        plan, replace(st, stats=replace(st.stats, states=(GuardState(hold=5),))), C
     )
-    assert not held.pause and held.items == (dec(0),)
+    assert not held.noted(Pause) and held.items == (dec(0),)
     # the same shape on a linear (CPU-like) machine is trimmed, never paused
     linear = LatencyGuard().apply(plan, state(*views), C)
-    assert not linear.pause and linear.items[1].n_tokens < 500
+    assert not linear.noted(Pause) and linear.items[1].n_tokens < 500
 
 
 def test_a_new_interactive_prompt_carries_no_bulk_prefill_when_cost_is_stepped() -> None:
@@ -171,8 +178,8 @@ def test_a_new_interactive_prompt_carries_no_bulk_prefill_when_cost_is_stepped()
     st = SchedulerState(views, EngineStats(cost=GPU), NOW)
     alone = LatencyGuard().apply(plan, st, C)
     chat_tick = GPU.predict(plan_shape((pre(0, 40, True),), {0: views[0]}))
-    assert alone.items[0] == pre(0, 40, True) and not alone.pause
-    assert predicted(alone, st) <= (1 + C.headroom) * chat_tick  # within the headroom only
+    assert alone.items[0] == pre(0, 40, True) and not alone.noted(Pause)
+    assert predicted(alone, st) <= (1 + HEADROOM) * chat_tick  # within the headroom only
     assert alone.items[1].n_tokens < 50
     decoding = (view(0, Phase.DECODE), views[1])  # its first decode tick: a pause may come
     first = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), state(*decoding), C)
@@ -180,38 +187,38 @@ def test_a_new_interactive_prompt_carries_no_bulk_prefill_when_cost_is_stepped()
     first = LatencyGuard().apply(
         Plan((dec(0), pre(1, 500))), SchedulerState(decoding, EngineStats(cost=GPU), NOW), C
     )
-    assert first.pause and first.items[1].seq_id == 1
+    assert first.noted(Pause) and first.items[1].seq_id == 1
 
 
 def test_a_starved_prompt_gets_a_pause_not_a_token_when_cost_is_stepped() -> None:
     old = NOW - int(2500e6)  # 2.5 s without progress > starve_ms 2 s
     views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000, progress=old))
-    st = SchedulerState(views, EngineStats(cost=GPU, guard=GuardState(hold=50)), NOW)
+    st = SchedulerState(views, EngineStats(cost=GPU, states=(GuardState(hold=50),)), NOW)
     plan = LatencyGuard().apply(Plan((dec(0), pre(1, 500))), st, C)
-    assert plan.pause and plan.items == (dec(0), pre(1, int(GPU.e / GPU.c)))
+    assert plan.noted(Pause) and plan.items == (dec(0), pre(1, int(GPU.e / GPU.c)))
 
 
 def test_a_pause_tick_holds_prefill_for_pause_every_ticks() -> None:
-    c = replace(C, pause_every=20)
-    learner = TickLearner(c, None)
+    learner = TickLearner(C, [LatencyGuard(GuardSettings(pause_every=20))])
     views = (view(0, Phase.DECODE), view(1, Phase.PREFILL, "background", 1000))
     st = SchedulerState(views, EngineStats(cost=GPU), NOW)
-    plan = Plan((dec(0), pre(1, 500)), budget_ms=C.bg_tick_ms, pause=True)
+    plan = Plan((dec(0), pre(1, 500)), budget_ms=C.bg_tick_ms, notes=(Pause(),))
     m = EngineMetrics()
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard.hold == 60 and learner.stats.guard.ramp is None  # 20 x (1 + 2)
+    guard = learner.stats.own(GuardState)
+    assert guard.hold == 60 and guard.ramp is None  # 20 x (1 + 2)
     assert m.ticks_paused_total == 1 and m.snapshot()["ticks_paused_total"] == 1
     # no slow interactive tick after the pause (r: 2 -> 1), then a pause, then three slow
     # ones (a GPU re-capturing its graph; r: 1 -> 2)
     decode = Plan((dec(0),), budget_ms=2.0)
     learner.record(1.5, decode, st, m)
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard.hold == 40
+    assert learner.stats.own(GuardState).hold == 40
     for ms in (3.0, 3.0, 3.0, 1.5):
         learner.record(ms, decode, st, m)
-    assert learner.stats.guard.hold == 36
+    assert learner.stats.own(GuardState).hold == 36
     learner.record(15.0, plan, st, m)
-    assert learner.stats.guard.hold == 60
+    assert learner.stats.own(GuardState).hold == 60
 
 
 def test_guard_never_starves_a_session() -> None:
@@ -251,11 +258,10 @@ def test_bmt_guard_trims_background_first_and_is_off_by_default() -> None:
     )
     plan = Plan((dec(0), dec(1), pre(2, 200)), budget_ms=20.0)
     assert BmtGuard().apply(plan, st, C) is plan
-    c = Constraints(n_batch=512, tick_budget_ms=1.0, bmt_budget_gbs=0.0506, model=FACTS)
-    out = BmtGuard().apply(plan, st, c)  # 1.012 MB allowed in 20 ms: weights + two decoders
+    c = Constraints(n_batch=512, tick_budget_ms=1.0, model=FACTS)
+    out = BmtGuard(BmtSettings(0.0506)).apply(plan, st, c)  # 1.012 MB in 20 ms: weights + two
     assert [i.seq_id for i in out.items] == [0, 1] and out.guard_active
-    tight = Constraints(n_batch=512, tick_budget_ms=1.0, bmt_budget_gbs=0.0501, model=FACTS)
-    out = BmtGuard().apply(plan, st, tight)
+    out = BmtGuard(BmtSettings(0.0501)).apply(plan, st, c)
     assert [i.seq_id for i in out.items] == [0] and out.parked == (1,)
 
 
@@ -309,11 +315,12 @@ def test_a_chat_turn_holds_bulk_prefill_where_cost_is_stepped() -> None:
     views = (view(0, Phase.PREFILL, pending=40), view(1, Phase.PREFILL, "background", 1000))
     turn = Plan((pre(0, 40, True),), budget_ms=10.0)
     m = EngineMetrics()
-    gpu = TickLearner(replace(C, pause_every=20), None)
+    guard = LatencyGuard(GuardSettings(pause_every=20))
+    gpu = TickLearner(C, [guard])
     gpu._model._cost = GPU  # a fitted step
     gpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=GPU), NOW), m)
-    assert gpu.stats.guard.hold == 60  # 20 x (1 + 2)
-    cpu = TickLearner(replace(C, pause_every=20), None)
+    assert gpu.stats.own(GuardState).hold == 60  # 20 x (1 + 2)
+    cpu = TickLearner(C, [guard])
     cpu._model._cost = COST
     cpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=COST), NOW), m)
-    assert cpu.stats.guard.hold == 0
+    assert cpu.stats.own(GuardState).hold == 0

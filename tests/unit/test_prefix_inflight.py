@@ -8,7 +8,7 @@ from uma_serve.core.engine.sequence import Sequence
 from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.prefix.index import BLOCK, PrefixIndex
-from uma_serve.core.prefix.store import PrefixStore
+from uma_serve.core.prefix.store import PrefixStore, Reused
 
 SYS = list(range(1000, 1000 + 4 * BLOCK + 7))  # a shared system prompt, 4 full blocks
 
@@ -19,6 +19,8 @@ class RecordingRuntime:
 
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         self.copies.append((src, dst, n))
+
+    def seq_clear(self, seq_id: int) -> None: ...
 
 
 def make(prompt: list[int], seq_id: int = -1, n_past: int = 0, qos="interactive", t=0) -> Sequence:
@@ -56,20 +58,31 @@ def test_no_wait_for_a_short_share_a_lower_class_or_too_long() -> None:
     assert ps.waits_for_leader(make(SYS + [3]), [stalled], now_ns=200_000_000)
 
 
-def test_reuse_copies_from_the_running_leader() -> None:
+def test_reuse_copies_from_the_running_leader_and_says_what_it_took() -> None:
     ps, rt = store()
     leader = make(SYS + [1, 2], seq_id=0, n_past=len(SYS) + 2)
     follower = make(SYS + [3, 4, 5], seq_id=1)
-    ps.reuse(follower, [leader])
-    assert rt.copies == [(0, 1, len(SYS))] and follower.n_past == len(SYS)
+    assert ps.reuse(follower, [leader]) == Reused(len(SYS), source=0)
+    assert rt.copies == [(0, 1, len(SYS))] and follower.n_past == 0  # the scheduler's to set
     assert ps.metrics.prefix_cache_hits_total == 1
     partial = make(SYS + [6], seq_id=2)
     leader.n_past = 2 * BLOCK + 3  # only that much of the KV exists yet
-    ps.reuse(partial, [leader])
+    assert ps.reuse(partial, [leader]).tokens == 2 * BLOCK + 3
     assert rt.copies[-1] == (0, 2, 2 * BLOCK + 3)
     whole = make(list(SYS), seq_id=3)  # the whole prompt shared: its last token is decoded
     ps.reuse(whole, [make(SYS + [1], seq_id=0, n_past=len(SYS) + 1)])
     assert rt.copies[-1] == (0, 3, len(SYS) - 1)
+    assert ps.reuse(make([5] * 40, seq_id=4), [leader]) == Reused()  # nothing shared
+
+
+def test_a_cached_entry_is_reused_by_its_id_and_named() -> None:
+    ps, rt = store()
+    ps.store(0, SYS + [1, 2], Reused())  # a finished sequence's KV, kept under a cache id
+    [(src, cache_id, n)] = rt.copies
+    assert (src, n) == (0, len(SYS) + 2)
+    got = ps.reuse(make(SYS + [9], seq_id=1))
+    assert (got.tokens, got.source) == (len(SYS), cache_id) and got.entry is not None
+    assert rt.copies[-1] == (cache_id, 1, len(SYS))
 
 
 def test_the_queue_admits_past_a_held_request() -> None:

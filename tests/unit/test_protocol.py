@@ -60,6 +60,7 @@ def test_admin_requests(kind: str, cls: type) -> None:
         (b'{"id": "a", "messages": []}', "empty"),
         (b'{"id": "a", "messages": [{"role": "robot", "content": "x"}]}', "role"),
         (b'{"id": "a", "prompt": "\xff\xfe"}', "UTF-8"),
+        (b'{"id": "a", "prompt": "x", "chat_template_kwargs": "on"}', "chat_template_kwargs"),
     ],
 )
 def test_invalid_requests_get_e_proto(payload: bytes, fragment: str) -> None:

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from host_row import only
 
-from uma_serve.core.runtime import SamplingParams
+from uma_serve.core.protocol import Sampling
 from uma_serve.core.sampling import Candidates, SamplerState, draw, stack
 
 K = 64
 PARAMS = [
-    SamplingParams(temperature=0.0),
-    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1),
-    SamplingParams(temperature=1.2, top_k=64, top_p=0.9, seed=2),
-    SamplingParams(temperature=0.5, top_k=10, seed=3),
-    SamplingParams(temperature=1.0, top_k=64, min_p=0.2, seed=4),
-    SamplingParams(temperature=0.7, top_k=1, seed=5),
-    SamplingParams(temperature=0.9, top_p=0.8, seed=6),
-    SamplingParams(temperature=1.0, seed=7),
+    only(temperature=0.0),
+    only(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1),
+    only(temperature=1.2, top_k=64, top_p=0.9, seed=2),
+    only(temperature=0.5, top_k=10, seed=3),
+    only(temperature=1.0, top_k=64, min_p=0.2, seed=4),
+    only(temperature=0.7, top_k=1, seed=5),
+    only(temperature=0.9, top_p=0.8, seed=6),
+    only(temperature=1.0, seed=7),
 ]
 
 
@@ -52,7 +53,7 @@ def test_a_batch_draws_what_each_row_draws_alone() -> None:
 
 @pytest.mark.parametrize("params", [p for p in PARAMS if not SamplerState(p, 0).needs_full_row(K)])
 def test_a_host_row_cut_to_candidates_draws_what_the_device_candidates_draw(
-    params: SamplingParams,
+    params: Sampling,
 ) -> None:
     """A whole row on the host (cut to its argmax, top-k or nucleus first) and the same row
     handed over as unsorted device candidates pick the same token for the same seed."""
@@ -73,7 +74,7 @@ def test_a_nucleus_cut_from_a_wide_row_keeps_the_rows_law() -> None:
     """top-p without top-k on a 262,144-token row: the cut keeps only the tokens near the
     peak and carries the rest's mass, so every draw equals the draw over the whole row."""
     rng = np.random.default_rng(3)
-    params = SamplingParams(temperature=1.0, top_p=0.9, seed=9)
+    params = only(temperature=1.0, top_p=0.9, seed=9)
     cut, whole = SamplerState(params, 0), SamplerState(params, 0)
     for _ in range(40):
         row = rng.standard_normal(262_144).astype(np.float32)
@@ -84,7 +85,7 @@ def test_a_nucleus_cut_from_a_wide_row_keeps_the_rows_law() -> None:
         assert draw([cut], *stack([c])) == draw([whole], *stack([everything]))
 
 
-def _textbook(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+def _textbook(logits: np.ndarray, p: Sampling) -> np.ndarray:
     """llama.cpp's chain written the plain way: the probability of each token."""
     order = np.argsort(-logits, kind="stable")
     x = logits[order].astype(np.float64)
@@ -103,7 +104,7 @@ def _textbook(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
 
 
 @pytest.mark.parametrize("params", [p for p in PARAMS if p.temperature > 0 and p.top_k != 1])
-def test_the_draws_follow_the_textbook_chains_law(params: SamplingParams) -> None:
+def test_the_draws_follow_the_textbook_chains_law(params: Sampling) -> None:
     rng = np.random.default_rng(5)
     logits = (rng.standard_normal(K) * 1.5).astype(np.float32)
     state = SamplerState(params, 0)
@@ -117,18 +118,18 @@ def test_the_draws_follow_the_textbook_chains_law(params: SamplingParams) -> Non
 def test_greedy_takes_the_lowest_id_on_a_tie_and_ignores_padding() -> None:
     ids = np.array([[9, 4, 7, 0], [3, 8, 1, 2]], dtype=np.int32)
     logits = np.array([[1.0, 2.0, 2.0, -np.inf], [-np.inf, 0.5, -np.inf, -np.inf]], np.float32)
-    states = [SamplerState(SamplingParams(temperature=0.0), 0) for _ in range(2)]
+    states = [SamplerState(only(temperature=0.0), 0) for _ in range(2)]
     assert draw(states, ids, logits) == [4, 8]
-    drawn = SamplerState(SamplingParams(temperature=1.0, top_k=4, seed=0), 0)
+    drawn = SamplerState(only(temperature=1.0, top_k=4, seed=0), 0)
     assert {draw([drawn], ids[1:], logits[1:])[0] for _ in range(50)} == {8}
 
 
 def test_bias_and_penalties_change_the_row_before_the_cut() -> None:
     row = np.zeros(K, dtype=np.float32)
     row[3] = 5.0
-    biased = SamplerState(SamplingParams(temperature=0.0, logit_bias=((3, -10.0), (7, 1.0))), 0)
+    biased = SamplerState(only(temperature=0.0, logit_bias={3: -10.0, 7: 1.0}), 0)
     assert _host(biased, row.copy()) == 7
-    penalized = SamplerState(SamplingParams(temperature=0.0, presence_penalty=6.0), 0)
+    penalized = SamplerState(only(temperature=0.0, presence_penalty=6.0), 0)
     assert _host(penalized, row.copy()) == 3  # no history yet
     assert _host(penalized, row.copy()) == 0  # token 3 now 5 - 6 < 0: the lowest id at 0 wins
 

@@ -1,4 +1,4 @@
-from uma_serve.core.engine.tuner import SweetSpotTuner
+from uma_serve.core.policy.tuner import SweetSpotTuner
 
 
 def run(tuner: SweetSpotTuner, rate_of, ticks: int) -> list[int]:

@@ -1,11 +1,12 @@
 """Sweet-spot tuner: hill-climb S (background decoders served per tick) and k (ticks a served
 background decoder keeps its turn) to maximise tokens/s, with hysteresis.
 
-Owned by the engine, fed one observation per tick; the policy only reads the current (S, k)
-from the snapshot. It moves only in windows where the knobs mattered (background decoders
-were parked), keeps a move that raised throughput by more than ``eps`` and undoes one that
-lowered it by more than ``eps`` (then tries the other direction); within ``eps`` it holds.
-MoE models (experts activated per token) get a lower S ceiling.
+Owned by the QoS lanes' state (core/policy/lanes.py), fed one observation per tick by their
+``observe`` step; the lanes plan with the current (S, k) from the snapshot. It moves only in
+windows where the knobs mattered (background decoders were parked), keeps a move that raised
+throughput by more than ``eps`` and undoes one that lowered it by more than ``eps`` (then
+tries the other direction); within ``eps`` it holds. MoE models (experts activated per
+token) get a lower S ceiling.
 """
 
 from __future__ import annotations
