@@ -71,8 +71,7 @@ class EngineMetrics:
         self.tokens_generated_total = 0
         self.prompt_tokens_total = 0
         self.batch_calls_total = 0
-        self.engine_busy_seconds_total = 0.0
-        self.engine_host_seconds_total = 0.0
+        self.engine_busy_seconds_total = self.engine_host_seconds_total = 0.0  # learner.py
         self.decode_failures_total = 0
         self.requests_total = dict.fromkeys(END_REASONS, 0)
         self.prefill_guard_active = 0
@@ -82,8 +81,7 @@ class EngineMetrics:
         self.tick_ms_predicted_last = 0.0
         self.tick_overhead_ms_ewma = 0.0
         self.tick_budget_ms_last = 0.0
-        self.bmt_estimate_last = 0.0
-        self.bmt_budget = 0.0
+        self.bmt_estimate_last = self.bmt_budget = 0.0
         self.bg_decoders_cap = 0
         self.bg_burst = 1
         self.prefix_cache_queries_total = 0

@@ -195,26 +195,10 @@ class PrefixIndex:
                 evict.append(self._remove(e.cache_id))
         if parent not in self.entries:
             parent, shared = None, 0
-        # make room: an id, the budget (the new entry adds its unshared cells), and the
-        # one-shot room when the new entry is one-shot too
+        one_shot_room = max(ONE_SHOT_FLOOR, running_cells) if hits == 0 else None
+        parent, shared = self._make_room(len(tokens), parent, shared, one_shot_room, evict)
         own = len(tokens) - shared
-        one_shot_room = max(ONE_SHOT_FLOOR, running_cells)
-
-        def over() -> bool:
-            if not self.free_ids or self.resident_tokens + own > self.budget:
-                return True
-            one_shot = self.one_shot_tokens  # > 0: the next victim is one of them
-            return hits == 0 and one_shot > 0 and one_shot + own > one_shot_room
-
-        while self._evictable() and over():
-            victim = self._victim()
-            if victim.cache_id == parent:
-                parent, shared = victim.parent, min(shared, victim.shared)
-                if parent is None:
-                    shared = 0
-                own = len(tokens) - shared
-            evict.append(self._evict(victim))
-        if not self.free_ids or (hits == 0 and own > one_shot_room):
+        if not self.free_ids or (one_shot_room is not None and own > one_shot_room):
             return StorePlan(None, evict)
         entry = Entry(self.free_ids.pop(), tokens, hashes, 0, parent, shared if parent else 0)
         entry.hits, entry.bulk = hits, bulk
@@ -225,6 +209,29 @@ class PrefixIndex:
         for h in entry.hashes:
             self._by_hash.setdefault(h, set()).add(entry.cache_id)
         return StorePlan(entry, evict)
+
+    def _make_room(
+        self, n: int, parent: int | None, shared: int, one_shot_room: int | None, evict: list[int]
+    ) -> tuple[int | None, int]:
+        """Evict (ids appended to ``evict``) until an id is free, the budget holds the new
+        entry's unshared cells and, for a one-shot entry (``one_shot_room`` not None), the
+        one-shot entries' room holds them too; the new entry's parent and shared length."""
+
+        def over() -> bool:
+            own = n - shared
+            if not self.free_ids or self.resident_tokens + own > self.budget:
+                return True
+            one_shot = self.one_shot_tokens  # > 0: the next victim is one of them
+            return one_shot_room is not None and one_shot > 0 and one_shot + own > one_shot_room
+
+        while self._evictable() and over():
+            victim = self._victim()
+            if victim.cache_id == parent:
+                parent, shared = victim.parent, min(shared, victim.shared)
+                if parent is None:
+                    shared = 0
+            evict.append(self._evict(victim))
+        return parent, shared
 
     def _reuse_count(self, parent: int | None, shared: int, hashes: list[int]) -> int:
         """What a new entry starts with: its parent's count (the entry its request reused), or
