@@ -49,9 +49,13 @@ def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) ->
     prompts = [runtime.tokenize(PROMPT.format(topic=TOPICS[i % len(TOPICS)])) for i in range(n)]
     for seq in range(n):
         runtime.seq_clear(seq)
-    rc, rows = runtime.decode([Span(i, 0, prompts[i], True) for i in range(n)])
-    assert rc == 0
-    nxt = [greedy(rows[i]) for i in range(n)]
+    nxt: list[int] = []
+    group = max(1, runtime.n_batch // max(len(x) for x in prompts))  # prompts a decode holds
+    for start in range(0, n, group):
+        ids = range(start, min(start + group, n))
+        rc, rows = runtime.decode([Span(i, 0, prompts[i], True) for i in ids])
+        assert rc == 0
+        nxt += [greedy(row) for row in rows]
     pos = [len(x) for x in prompts]
     t0 = time.perf_counter()
     for _ in range(tokens):
