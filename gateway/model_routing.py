@@ -63,12 +63,12 @@ async def core_infos(router: Router) -> tuple[list[tuple[str, p.InfoEvent]], Cor
     missing: CoreError | None = None
     for core in router.cores:
         info = core.pool.cached_info
-        if core.up and not core.why_hung:
+        if not core.why_hung:  # a core that is down answers at once (connection refused)
             try:
                 info = await core.pool.info()
             except CoreError as exc:
                 missing = exc
-        elif info is None:  # not asked: a request must not wait for a core held down
+        elif info is None:  # not asked: a request must not wait for a hung core
             missing = CoreError(E_CONNECT, f"{core.label} is unavailable")
         if info is not None:
             infos.append((core.name, info))
