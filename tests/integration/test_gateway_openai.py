@@ -258,8 +258,11 @@ def test_chat_stop_sequence_and_qos(gateway, umad, model_id):
     before = ttft_counts(umad)
     r = client.chat.completions.create(**kw, stop=[words[1]])
     after = ttft_counts(umad)
-    assert r.choices[0].message.content == plain[: plain.index(words[1])]
-    assert r.choices[0].finish_reason == "stop"
+    content = r.choices[0].message.content
+    # the text before the stop word (the white space just before it may be tokenized
+    # otherwise the second time, when the first answer's prompt comes from the prefix cache)
+    assert words[1] not in content and r.choices[0].finish_reason == "stop"
+    assert content.strip() == plain[: plain.index(words[1])].strip()
     assert after["background"] == before["background"] + 1
     assert after["interactive"] == before["interactive"]
 
