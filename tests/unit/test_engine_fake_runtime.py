@@ -226,6 +226,22 @@ def test_compute_threads_run_at_a_raised_nice_value() -> None:
         engine.join(5)
 
 
+class EndsSink:
+    """The engine's sink for a test: keeps every event, and ``done`` is set once ``n``
+    requests have ended (an EosEvent or an ErrorEvent each)."""
+
+    def __init__(self, n: int) -> None:
+        self.events: list[tuple[int, p.Event]] = []
+        self.done = threading.Event()
+        self._n = n
+
+    def __call__(self, batch: list[tuple[int, p.Event]]) -> None:
+        self.events.extend(batch)
+        ends = sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in self.events)
+        if ends == self._n:
+            self.done.set()
+
+
 class TightRuntime(FakeRuntime):
     """KV for ``capacity`` positions in all: a decode that does not fit returns 1 and stores
     nothing. Records the order of decodes and clears."""
@@ -259,14 +275,8 @@ def test_an_ended_sequence_keeps_its_kv_until_the_next_decode_and_a_full_one_is_
     while the device computes), not in the tick it ended. When that decode found no slot only
     because the finished sequence still held its cells, the tick is retried: both requests
     complete, nothing is evicted or failed."""
-    events: list[tuple[int, p.Event]] = []
-    done = threading.Event()
-
-    def sink(batch):
-        events.extend(batch)
-        if sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in events) == 2:
-            done.set()
-
+    sink = EndsSink(2)
+    events, done = sink.events, sink.done
     runtime = TightRuntime(capacity=8)  # prompts of 3 + 3, a decode each, then one too many
     engine = Engine(runtime, BaselinePolicy(), Constraints(n_batch=64, tick_budget_ms=50.0), sink)
     short = p.Generate(id="a", prompt="x", max_tokens=2, ignore_eos=True)

@@ -3,10 +3,8 @@ the scheduler applying one on a fake runtime whose KV cache is too small."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from test_engine_fake_runtime import TightRuntime
+from test_engine_fake_runtime import EndsSink, TightRuntime
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine import Engine, Submission
@@ -56,14 +54,8 @@ def test_a_hard_error_fails_the_batch_with_its_code(rc: int) -> None:
 def test_the_scheduler_ends_the_longest_sequence_when_decode_alone_does_not_fit() -> None:
     """Two prompts of 3 fill 6 of 7 cells; their two decode tokens do not fit: one request
     ends with E_RUNTIME, the other completes, and nothing else fails."""
-    events: list[tuple[int, p.Event]] = []
-    done = threading.Event()
-
-    def sink(batch):
-        events.extend(batch)
-        if sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in events) == 2:
-            done.set()
-
+    sink = EndsSink(2)
+    events, done = sink.events, sink.done
     runtime = TightRuntime(capacity=7)
     engine = Engine(runtime, BaselinePolicy(), Constraints(n_batch=64, tick_budget_ms=50.0), sink)
     for rid in ("a", "b"):

@@ -4,9 +4,7 @@ is tests/integration/test_core_faults.py)."""
 
 from __future__ import annotations
 
-import threading
-
-from test_engine_fake_runtime import FakeRuntime
+from test_engine_fake_runtime import EndsSink, FakeRuntime
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine import Engine, Submission
@@ -40,14 +38,8 @@ def test_the_marker_fails_a_decode_even_across_two_chunks_until_trimmed() -> Non
 
 
 def test_only_the_request_with_the_marker_fails_and_the_others_are_served() -> None:
-    events: list[tuple[int, p.Event]] = []
-    done = threading.Event()
-
-    def sink(batch):
-        events.extend(batch)
-        if sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in events) == 2:
-            done.set()
-
+    sink = EndsSink(2)
+    events, done = sink.events, sink.done
     # one sequence: a failed decode fails every request of its batch, so one at a time
     runtime = Faults(decode_fail=MARKER).wrap(FakeRuntime(n_seq=1))
     c = Constraints(n_batch=64, tick_budget_ms=50.0)
