@@ -1,7 +1,8 @@
 """umad configuration: defaults < YAML file < UMA_* environment < command-line flags.
 
-Each option is declared once (``OPTIONS``); --help, the environment names and the YAML keys
-are all derived from it. docs/CONFIG.md lists the same table.
+Each option is declared once, as a field of ``Config`` (core/config_options.py); --help, the
+environment names, the YAML keys and the range checks are all derived from it. docs/CONFIG.md
+lists the same table.
 """
 
 from __future__ import annotations
@@ -10,16 +11,21 @@ import argparse
 import hashlib
 import importlib.util
 import os
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from uma_serve.core.config_options import DETERMINISTIC_BATCH as DETERMINISTIC_BATCH, OPTIONS
+from uma_serve.core.config_options import (
+    DETERMINISTIC_BATCH as DETERMINISTIC_BATCH,
+    LEAST,
+    OPTIONS,
+    Config as Config,
+)
 from uma_serve.core.logfmt import FORMATS
 from uma_serve.core.policy.pipeline import TRANSFORMERS
-from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC, default_socket
+from uma_serve.core.socket_path import DEFAULT_SOCKET_DOC
 
 SAMPLERS = ("auto", "numpy", "backend-topk")
 SPLIT_MODES = ("none", "layer", "row")
@@ -30,54 +36,6 @@ POLICY_TRANSFORMERS = tuple(TRANSFORMERS)  # the registry's names (core/policy/p
 AUTO = -1  # a size the daemon derives from the others
 LLAMA_MAX_SEQ = 256  # sequence ids a llama.cpp context may have
 DEVICE_TOP_K = 64  # backend-topk: candidates per row the device hands to the host
-
-
-@dataclass(frozen=True)
-class Config:
-    model: str | None = None
-    socket: str = default_socket()  # this user's (core/socket_path.py)
-    n_seq: int = 4
-    n_ctx: int = 8192
-    n_batch: int = 512
-    n_ubatch: int = 512
-    threads: int = 0
-    n_gpu_layers: int = 0
-    split_mode: str = "layer"
-    tensor_split: str = ""
-    main_gpu: int = 0
-    max_sessions: int = 64
-    max_prompt_bytes: int = 262144
-    max_tokens: int = 4096
-    max_frame_bytes: int = 1 << 20
-    max_write_buffer_bytes: int = 1 << 20
-    idle_timeout: float = 300.0
-    drain_timeout: float = 30.0
-    tick_budget_ms: float = 50.0
-    prefill_burst: int = 256
-    policy: str = "qos,spec,latency,bmt"
-    tuner: bool = True
-    slo_tbt_ms: float = 0.0
-    slo_ttft_ms: float = 250.0
-    headroom: float = 0.2
-    bg_tick_ms: float = 60.0
-    quiet_ms: float = 1000.0
-    hold_ticks: int = 8
-    pause_every: int = 100
-    starve_ms: float = 2000.0
-    bmt_budget: float = 0.0
-    reserved_interactive_seqs: int = 1
-    sampler: str = "auto"
-    compute_nice: int = 5
-    prefix_cache_tokens: int = -1  # auto: prefix_cache_size
-    prefix_cache_slots: int = -1  # auto: prefix_cache_size
-    spec_draft: int = -1
-    spec_max_streams: int = 4
-    pin_prefix: str = ""
-    chat_template: str = ""
-    seed: int | None = None
-    deterministic: bool = False
-    log_level: str = "info"
-    log_format: str = "text"
 
 
 def env_name(name: str) -> str:
@@ -211,18 +169,10 @@ def _size_problems(c: Config) -> list[str]:
         problems.append("n_ctx must give each of n_seq sequences at least 64 tokens")
     if c.reserved_interactive_seqs < 0 or c.reserved_interactive_seqs >= max(c.n_seq, 1) > 1:
         problems.append("reserved_interactive_seqs must be in [0, n_seq)")
-    for name in (
-        "slo_tbt_ms",
-        "slo_ttft_ms",
-        "headroom",
-        "bmt_budget",
-        "starve_ms",
-        "quiet_ms",
-        "drain_timeout",
-        "spec_max_streams",
-    ):
-        if getattr(c, name) < 0:
-            problems.append(f"{name} must not be negative")
+    for name, least in LEAST.items():  # as each option declares
+        if getattr(c, name) < least:
+            bound = "not be negative" if least == 0 else f"be at least {least}"
+            problems.append(f"{name} must {bound}")
     for name in ("prefix_cache_tokens", "prefix_cache_slots"):
         if getattr(c, name) < AUTO:
             problems.append(f"{name} must be -1 (auto) or at least 0")

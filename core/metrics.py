@@ -1,6 +1,7 @@
 """Engine metrics: counters, gauges and fixed-bucket histograms.
 
-What they mean, and how they are exported, is declared once: protocol.MetricsSnapshot.
+What they mean, how they are exported and where they start is declared once:
+protocol.MetricsSnapshot (core/metrics_schema.py); EngineMetrics starts from its defaults.
 Written only by the engine thread; read by the I/O thread for the ``metrics`` request without
 a lock (plain attribute reads under the GIL), so answering never blocks the engine. A snapshot
 may be one tick stale, never torn inside one number.
@@ -57,41 +58,13 @@ class Histogram:
 class EngineMetrics:
     def __init__(self) -> None:
         self.started = time.time()
-        self.decode_ms_last = 0.0
-        self.decode_ms_ewma = 0.0
-        self.tokens_per_tick_decode = 0
-        self.tokens_per_tick_prefill = 0
-        self.batch_size_last = 0
-        self.served_decoders = 0
-        self.parked_sessions = 0
-        self.active_sessions = 0
-        self.waiting_sessions = 0
-        self.kv_cells_used = 0
-        self.kv_cells_total = 0
-        self.tokens_generated_total = 0
-        self.prompt_tokens_total = 0
-        self.batch_calls_total = 0
-        self.engine_busy_seconds_total = self.engine_host_seconds_total = 0.0  # learner.py
-        self.decode_failures_total = 0
+        defaults = p.MetricsSnapshot()  # each counter and gauge as the schema declares it
+        for name in PLAIN:
+            setattr(self, name, getattr(defaults, name))
+        self.tokens_per_tick_decode = self.tokens_per_tick_prefill = 0
         self.requests_total = dict.fromkeys(END_REASONS, 0)
-        self.prefill_guard_active = 0
-        self.ticks_over_budget_total = 0
-        self.ticks_aborted_total = 0
-        self.ticks_paused_total = 0
-        self.tick_ms_predicted_last = 0.0
-        self.tick_overhead_ms_ewma = 0.0
-        self.tick_budget_ms_last = 0.0
-        self.bmt_estimate_last = self.bmt_budget = 0.0
         self.bg_decoders_cap = 0
         self.bg_burst = 1
-        self.prefix_cache_queries_total = 0
-        self.prefix_cache_hits_total = 0
-        self.prefix_cache_cached_tokens_total = 0
-        self.prefix_cache_resident_tokens = 0
-        self.prefix_cache_entries = 0
-        self.prefix_cache_evictions_total = 0
-        self.spec_drafted_tokens_total = 0
-        self.spec_accepted_tokens_total = 0
         self.ttft_ms = Histogram()
         self.inter_token_ms = Histogram()
         self.ttft_ms_by_qos = {q: Histogram() for q in QOS_CLASSES}
@@ -150,8 +123,7 @@ class EngineMetrics:
         """The ``metrics`` answer: protocol.MetricsSnapshot as a JSON-ready dict. Its plain
         fields are read from the attributes of the same name; the tokenizer's reuse count is
         the I/O thread's (it tokenizes)."""
-        plain = {name: getattr(self, name) for name in p.MetricsSnapshot.__struct_fields__
-                 if name not in COMPOSED}  # fmt: skip
+        plain = {name: getattr(self, name) for name in PLAIN}
         total, drafted = self.kv_cells_total, self.spec_drafted_tokens_total
         snap = p.MetricsSnapshot(
             **plain,
@@ -192,6 +164,9 @@ COMPOSED = frozenset(
      "tokens_per_tick", "requests_total", "tuner", "histograms", "token_histograms",
      "histograms_by_qos"}
 )  # fmt: skip
+# the rest: attributes of the same names, written where they change (a new counter or gauge
+# is its declaration in core/metrics_schema.py and the line that updates it)
+PLAIN = tuple(n for n in p.MetricsSnapshot.__struct_fields__ if n not in COMPOSED)
 
 
 def metrics_table() -> str:

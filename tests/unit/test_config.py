@@ -117,6 +117,28 @@ def test_help_documents_every_option(capsys) -> None:
         assert cfg.env_name(name) in out
 
 
+def test_an_option_is_one_declaration_of_config() -> None:
+    """A Config field carries its default, help and YAML key (core/config_options.py): a new
+    option is that one field; --help, the environment, YAML and docs/CONFIG.md follow."""
+    from dataclasses import fields
+
+    assert list(cfg.OPTIONS) == [f.name for f in fields(cfg.Config)]
+    for f in fields(cfg.Config):
+        help_text, yaml_key = cfg.OPTIONS[f.name]
+        assert help_text == f.metadata["help"] and help_text, f.name
+        assert yaml_key in (f.name, f.metadata["yaml"]), f.name
+    assert all(name in cfg.OPTIONS["policy"][0] for name in cfg.POLICY_TRANSFORMERS)
+
+
+@pytest.mark.parametrize("name", sorted(cfg.LEAST))
+def test_an_option_below_its_declared_least_is_an_error(name: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    below = str(cfg.LEAST[name] - 1)
+    with pytest.raises(ValueError, match=f"{name} must"):
+        cfg.load([flag, below], environ={})
+    assert getattr(cfg.load([flag, str(cfg.LEAST[name])], environ={}), name) == cfg.LEAST[name]
+
+
 def test_config_doc_lists_every_option() -> None:
     assert cfg.options_table() in CONFIG_DOC
 

@@ -3,12 +3,14 @@ gateway's Prometheus families and docs/METRICS.md."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 from pathlib import Path
 
 import msgspec
 
 from uma_serve.core import protocol as p
-from uma_serve.core.metrics import EngineMetrics, metrics_table
+from uma_serve.core.metrics import PLAIN, EngineMetrics, metrics_table
 
 
 def test_the_snapshot_is_the_declared_struct() -> None:
@@ -39,3 +41,20 @@ def test_every_exported_field_names_its_family_and_help() -> None:
         if extra:
             assert extra["prom"].startswith("uma_") and extra["prom_help"], path
             assert extra.get("vllm", "uma_").startswith("uma_"), path
+
+
+def test_a_counter_or_gauge_starts_at_its_declared_default() -> None:
+    """EngineMetrics sets none of the schema's plain fields by hand: a new counter or gauge is
+    its declaration in core/metrics_schema.py and the line that updates it."""
+    m, declared = EngineMetrics(), p.MetricsSnapshot()
+    assert PLAIN and all(getattr(m, n) == getattr(declared, n) for n in PLAIN)
+    init = ast.parse(inspect.getsource(EngineMetrics.__init__).strip())
+    assigned = {
+        t.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        for t in ast.walk(target)
+        if isinstance(t, ast.Attribute)
+    }
+    assert not assigned & set(PLAIN), sorted(assigned & set(PLAIN))
