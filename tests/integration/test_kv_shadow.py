@@ -42,3 +42,27 @@ def test_shadow_tags_keep_a_sequences_old_cells(shadow: bool) -> None:
     finally:
         rt.close()
     assert (first == 0) if shadow else (first > 0)
+
+
+def test_clear_frees_an_id_and_its_shadow_in_both_caches() -> None:
+    """seq_clear skips an id that holds no cells (each removal scans the whole cache): a
+    sequence that ran past the sliding window, and its shadow, must still hold nothing after
+    it, in the full-attention cache as in the window's (the saved state counts both)."""
+    params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=True)
+    rt = Runtime(params)
+    try:
+        empty = len(rt.seq_state(2))
+        tokens = rt.tokenize(TEXT)
+        pos = 0
+        for n in (512, 200) + (1,) * 40:  # past Gemma 3's 512-position window, shadow tagged
+            assert rt.decode([Span(0, pos, tokens[pos : pos + n], True)])[0] == 0
+            pos += n
+        shadow = 0 + rt._n_ids
+        assert len(rt.seq_state(0)) > empty and len(rt.seq_state(shadow)) > empty
+        rt.seq_clear(0)
+        assert len(rt.seq_state(0)) == empty and len(rt.seq_state(shadow)) == empty
+        assert rt.seq_pos_max(0) == -1
+        rt.seq_clear(0)  # nothing left: no removal, no error
+        assert len(rt.seq_state(0)) == empty
+    finally:
+        rt.close()

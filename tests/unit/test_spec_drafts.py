@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from hypothesis import given, strategies as st
 from test_engine_tick import AllRows
 
 from uma_serve.core import protocol as p
@@ -58,3 +59,13 @@ def test_drafts_that_agree_are_kept_and_the_output_is_plain_decodings() -> None:
     assert m.spec_drafted_tokens_total > 0
     assert m.spec_accepted_tokens_total == m.spec_drafted_tokens_total
     assert m.batch_calls_total < 12  # the prompt's tick and fewer than 11 decodes
+
+
+@given(st.lists(st.integers(0, 4), max_size=80))
+def test_an_index_built_from_a_prompt_is_the_one_appended_token_by_token(tokens: list[int]) -> None:
+    """The bulk build (at admission) indexes exactly what appending each token would."""
+    bulk, stepped = NgramIndex(tokens), NgramIndex()
+    for t in tokens:
+        stepped.append(t)
+    assert (bulk.tokens, bulk._last, bulk._match) == (stepped.tokens, stepped._last, stepped._match)
+    assert [bulk.draft(k) for k in (1, 4)] == [stepped.draft(k) for k in (1, 4)]
