@@ -8,7 +8,8 @@
 
 The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
 which post to the ``Inbox`` under one Condition; the engine thread takes everything posted at
-once between ticks and gets each tick's events to ``sink`` in one call. With no work the
+once between ticks (and again after admitting, so requests that arrived meanwhile join the
+tick) and gets each tick's events to ``sink`` in one call. With no work the
 thread sleeps on the Condition: no polling, no fixed sleeps.
 
 The inbox also holds the abort window, which the engine opens around the launch of a tick
@@ -41,6 +42,7 @@ from uma_serve.core.sampling import Sampler
 
 log = logging.getLogger("uma.engine")
 Sink = Callable[[list[Outgoing]], None]
+JOIN_ROUNDS = 4  # takes of late arrivals before a tick at most (each may admit some)
 
 
 class Cancel(msgspec.Struct, frozen=True, tag=True):
@@ -99,6 +101,14 @@ class Inbox:
             self._items.clear()
             self._interactive_waiting = False
             return items, self._stop_reason
+
+    def take_ready(self) -> list[Op]:
+        """What was posted since the last take, without waiting (the stop order stays)."""
+        with self._cond:
+            items = list(self._items)
+            self._items.clear()
+            self._interactive_waiting = False
+            return items
 
     @contextmanager
     def abort_window(self, abortable: bool) -> Iterator[None]:
@@ -206,6 +216,7 @@ class Engine:
                     self.sink(events + sched.drain(stop))
                     return
                 sched.admit()
+                events += self._join_arrivals()
                 if sched.running:
                     events += self.step()
                 if not sched.running:
@@ -216,6 +227,19 @@ class Engine:
             log.exception("engine thread crashed")
             self.sink(sched.drain("engine failure", reason="error"))
             raise
+
+    def _join_arrivals(self) -> list[Outgoing]:
+        """Requests that arrived while others were admitted join this tick. An admission costs
+        the host ~0.4-1 ms (tagging its cached prefix's KV cells), so sixteen requests sent at
+        once, sharing a prefix, otherwise started over two or three ticks."""
+        events: list[Outgoing] = []
+        for _ in range(JOIN_ROUNDS):
+            ops = self._inbox.take_ready()
+            if not ops:
+                break
+            events += self._apply(ops)
+            self.scheduler.admit()
+        return events
 
     def step(self) -> list[Outgoing]:
         """One tick: schedule, launch, release the finished sequences while the device

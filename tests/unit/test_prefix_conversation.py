@@ -176,3 +176,45 @@ def test_a_turn_computes_only_its_new_part_and_sharers_start_in_one_tick() -> No
         engine.join(5)
     prefill = rt.decodes[n]  # the first decode after they arrived
     assert len(prefill) == 4 and all(n_tok <= 4 for _, n_tok in prefill), prefill
+
+
+class ArrivingRuntime(CountingRuntime):
+    """Each prefix copy (an admission's KV tagging) sees the next sharer arrive meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrivals: list = []  # submissions posted, one per copy, while admitting
+        self.engine: Engine | None = None
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        if self.arrivals and self.engine is not None and dst < self.params.n_seq:
+            self.engine.submit(self.arrivals.pop(0))
+
+
+def test_sharers_that_arrive_while_others_are_admitted_start_in_the_same_tick() -> None:
+    """Requests posted while the engine admits others (each admission tags its cached
+    prefix's cells, host work) join the tick that follows, instead of the next one."""
+    rt = ArrivingRuntime()
+    ended = threading.Event()
+
+    def sink(batch):
+        if any(isinstance(e, p.EosEvent) for _, e in batch):
+            ended.set()
+
+    engine = engine_with(rt, sink)
+    rt.engine = engine
+    history = SYS + list(range(1, 40 * BLOCK + 1))
+    engine.start()
+    try:
+        engine.submit(submission("first", history))
+        assert ended.wait(10)
+        n = len(rt.decodes)
+        rt.arrivals = [submission(f"s{k}", history + [2, 10 + k, 10 + k], k) for k in (1, 2, 3)]
+        ended.clear()
+        engine.submit(submission("s0", history + [2, 10, 10]))
+        assert ended.wait(10)
+    finally:
+        engine.stop("test over")
+        engine.join(5)
+    first_tick = rt.decodes[n]
+    assert sorted(n_tok for _, n_tok in first_tick) == [3, 3, 3, 3], rt.decodes[n:]
