@@ -6,6 +6,13 @@ the generation time), built from the same llama.cpp sources as the peers. UMA Se
 llama-server are driven from outside, as `sweep` does (plain streaming requests, greedy, TG
 tokens each); their figure is aggregate output tokens/s. The report is UMA / ceiling and
 UMA / llama-server per level.
+
+The ceiling runs twice. By default llama-batched-bench gives each sequence its own KV stream:
+a tick's attention mask is then each stream's token against that stream's cells. UMA Serve,
+like `llama-server --kv-unified`, keeps one KV buffer that all sequences share (prefixes
+are shared by tagging cells, not copied), and llama.cpp builds that mask on the host over
+every token against every used cell: at 64 streams the mask is 64x larger. `-kvu` runs
+llama-batched-bench with the unified layout, the ceiling for that layout.
 """
 
 from __future__ import annotations
@@ -34,9 +41,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--servers", default="uma,llama-server", help="servers beside the ceiling")
 
 
-def batched_bench_args(shape: ServerShape, levels: list[int], npp: int, ntg: int) -> list[str]:
-    """llama-batched-bench over the servers' shape: same model, context, batch, threads."""
-    return [
+def batched_bench_args(
+    shape: ServerShape, levels: list[int], npp: int, ntg: int, unified: bool = False
+) -> list[str]:
+    """llama-batched-bench over the servers' shape: same model, context, batch, threads;
+    ``unified``: one KV buffer for all sequences (-kvu), as UMA Serve keeps it."""
+    return [*(["-kvu"] if unified else []),
         "-m", shape.model, "-c", str(max(shape.n_ctx, max(levels) * (npp + ntg))),
         "-b", str(max(shape.n_batch, 2048)), "-ub", str(shape.n_ubatch),
         "-npp", str(npp), "-ntg", str(ntg), "-npl", ",".join(map(str, levels)),
@@ -50,12 +60,15 @@ def parse_batched_bench(text: str) -> dict[int, float]:
     return {int(m[3]): float(m[4]) for line in text.splitlines() if (m := ROW.match(line))}
 
 
-def run_ceiling(shape: ServerShape, args: argparse.Namespace, run: RunDir) -> dict[int, float]:
+def run_ceiling(
+    shape: ServerShape, args: argparse.Namespace, run: RunDir, unified: bool = False
+) -> dict[int, float]:
     binary = peers_build.ensure_batched_bench()
     cmd = [str(binary), *batched_bench_args(shape, sweep.levels_of(args), args.prompt_tokens,
-                                             args.max_tokens)]  # fmt: skip
+                                             args.max_tokens, unified)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    (run.path / "batched-bench.log").write_text(" ".join(cmd) + "\n" + done.stdout + done.stderr)
+    log = "batched-bench-kvu.log" if unified else "batched-bench.log"
+    (run.path / log).write_text(" ".join(cmd) + "\n" + done.stdout + done.stderr)
     if done.returncode != 0:
         raise ServerUnavailable(f"llama-batched-bench failed (rc {done.returncode})")
     return parse_batched_bench(done.stdout)
@@ -67,15 +80,21 @@ def run_server(server: str, args: argparse.Namespace, run: RunDir) -> dict:
         return asyncio.run(common._measure(sweep.measure, target, args, sub))
 
 
-def table(levels: list[int], ceiling: dict[int, float], servers: dict[str, dict]) -> list[list]:
+def table(
+    levels: list[int],
+    ceiling: dict[int, float],
+    servers: dict[str, dict],
+    unified: dict[int, float] | None = None,
+) -> list[list]:
     def tps(server: str, c: int) -> float | None:
         return (servers.get(server, {}).get(f"c{c}") or {}).get("output_tok_per_s")
 
     rows = []
     for c in levels:
         uma, peer = tps("uma", c), tps("llama-server", c)
-        top = ceiling.get(c)
-        rows.append([c, top, uma, _ratio(uma, top), peer, _ratio(uma, peer)])
+        top, top_u = ceiling.get(c), (unified or {}).get(c)
+        rows.append([c, top, top_u, uma, _ratio(uma, top), _ratio(uma, top_u), peer,
+                     _ratio(uma, peer)])  # fmt: skip
     return rows
 
 
@@ -90,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     summary: dict = {"meta": common.meta(args, NAME), "levels": levels}
     try:
         ceiling = run_ceiling(shape, args, run_dir)
+        unified = run_ceiling(shape, args, run_dir, unified=True)
     except (ServerUnavailable, FileNotFoundError, subprocess.CalledProcessError) as e:
         print(f"bench ceiling: no ceiling: {e}", file=sys.stderr)
         return 2
@@ -100,11 +120,12 @@ def run(args: argparse.Namespace) -> int:
             failed += int(servers[server].get("failed") or 0)
         except ServerUnavailable as e:
             print(f"bench ceiling: {server} unavailable: {e}", file=sys.stderr)
-    header = ["streams", "ceiling tok/s", "uma tok/s", "uma/ceiling", "llama-server tok/s",
-              "uma/llama-server"]  # fmt: skip
-    rows = table(levels, ceiling, servers)
+    header = ["streams", "ceiling tok/s", "ceiling -kvu tok/s", "uma tok/s", "uma/ceiling",
+              "uma/ceiling -kvu", "llama-server tok/s", "uma/llama-server"]  # fmt: skip
+    rows = table(levels, ceiling, servers, unified)
     run_dir.write_csv("ceiling.csv", header, rows)
-    summary |= {"ceiling_tok_per_s": ceiling, "servers": servers, "table": rows, "failed": failed}
+    summary |= {"ceiling_tok_per_s": ceiling, "ceiling_unified_tok_per_s": unified,
+                "servers": servers, "table": rows, "failed": failed}  # fmt: skip
     run_dir.write_json("summary.json", summary)
     print(f"\n== bench {NAME} ==")
     print_table(header, rows)

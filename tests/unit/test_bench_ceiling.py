@@ -28,10 +28,11 @@ def test_ratios_per_level() -> None:
         "uma": {"c1": {"output_tok_per_s": 702.2}, "c16": {"output_tok_per_s": 2599.1}},
         "llama-server": {"c1": {"output_tok_per_s": 390.1}},
     }
-    rows = table([1, 16, 64], {1: 877.79, 16: 5198.29, 64: 10102.07}, servers)
-    assert rows[0] == [1, 877.79, 702.2, 0.8, 390.1, 1.8]
-    assert rows[1] == [16, 5198.29, 2599.1, 0.5, None, None]
-    assert rows[2] == [64, 10102.07, None, None, None, None]
+    ceiling = {1: 877.79, 16: 5198.29, 64: 10102.07}
+    rows = table([1, 16, 64], ceiling, servers, {1: 877.79, 16: 3249.0})
+    assert rows[0] == [1, 877.79, 877.79, 702.2, 0.8, 0.8, 390.1, 1.8]
+    assert rows[1] == [16, 5198.29, 3249.0, 2599.1, 0.5, 0.8, None, None]
+    assert rows[2] == [64, 10102.07, None, None, None, None, None, None]
 
 
 def test_the_ceiling_runs_the_servers_shape() -> None:
@@ -44,3 +45,11 @@ def test_the_ceiling_runs_the_servers_shape() -> None:
     small = ServerShape(model="m.gguf", n_ctx=4096)
     pairs = dict(zip(*[iter(batched_bench_args(small, [64], 64, 128))] * 2, strict=True))
     assert pairs["-c"] == str(64 * 192)
+
+
+def test_the_unified_ceiling_keeps_one_kv_buffer_as_uma_does() -> None:
+    """-kvu: llama-batched-bench with one KV buffer for every sequence (UMA Serve's layout);
+    without it, each sequence has its own stream (its default)."""
+    shape = ServerShape(model="m.gguf", n_ctx=131072, n_gpu_layers=-1)
+    assert "-kvu" in batched_bench_args(shape, [64], 64, 128, unified=True)
+    assert "-kvu" not in batched_bench_args(shape, [64], 64, 128)
