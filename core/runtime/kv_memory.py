@@ -22,14 +22,9 @@ class KvMemory:
     _shadowed: list[int]
 
     def seq_clear(self, seq_id: int) -> None:
-        """Free the id's cells. An id that holds none is skipped: a removal scans every cell
-        of the cache (of each cache with sliding-window layers), ~0.2 ms per id at 64k cells,
-        and an admission clears an id that its last release already cleared."""
-        ids = (seq_id, seq_id + self._n_ids) if self.params.shadow else (seq_id,)
-        for i in ids:
-            if ll.llama_memory_seq_pos_max(self.memory, i) >= 0:
-                ll.llama_memory_seq_rm(self.memory, i, -1, -1)
+        ll.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         if self.params.shadow:
+            ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, -1, -1)
             self._shadowed[seq_id] = 0
 
     def seq_trim(self, seq_id: int, from_pos: int) -> None:

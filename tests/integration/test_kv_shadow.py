@@ -45,9 +45,8 @@ def test_shadow_tags_keep_a_sequences_old_cells(shadow: bool) -> None:
 
 
 def test_clear_frees_an_id_and_its_shadow_in_both_caches() -> None:
-    """seq_clear skips an id that holds no cells (each removal scans the whole cache): a
-    sequence that ran past the sliding window, and its shadow, must still hold nothing after
-    it, in the full-attention cache as in the window's (the saved state counts both)."""
+    """A sequence that ran past the sliding window, and its shadow, hold nothing after a
+    clear, in the full-attention cache as in the window's (the saved state counts both)."""
     params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=True)
     rt = Runtime(params)
     try:
@@ -62,7 +61,7 @@ def test_clear_frees_an_id_and_its_shadow_in_both_caches() -> None:
         rt.seq_clear(0)
         assert len(rt.seq_state(0)) == empty and len(rt.seq_state(shadow)) == empty
         assert rt.seq_pos_max(0) == -1
-        rt.seq_clear(0)  # nothing left: no removal, no error
+        rt.seq_clear(0)  # nothing left: no error
         assert len(rt.seq_state(0)) == empty
     finally:
         rt.close()
