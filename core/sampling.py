@@ -69,12 +69,7 @@ class SamplerState:
         self.full_row = False
 
     def needs_full_row(self, device_k: int) -> bool:
-        """True when a device top-k of ``device_k`` cannot stand in for the whole row: a bias,
-        penalties or a grammar change logits before any cut, and a wider top-k (or none)
-        needs tokens the device dropped."""
-        if self.penalized or len(self.bias_ids) or self.grammar is not None:
-            return True
-        return self.p.temperature > 0.0 and not (0 < self.p.top_k <= device_k)
+        return needs_full_row(self.p, device_k, grammar=self.grammar is not None)
 
     def accept(self, token: int) -> None:
         if self.history.maxlen:
@@ -114,6 +109,22 @@ class SamplerState:
             rest = max(math.exp(log_norm - peak) - mass, 0.0) if len(ids) < row.shape[0] else 0.0
             return Candidates(ids, row[ids], rest)
         return Candidates(np.arange(row.shape[0]), row)
+
+
+def needs_full_row(
+    params: p.Sampling, device_k: int, grammar: bool = False, logprobs: bool = False
+) -> bool:
+    """True when a device top-k of ``device_k`` cannot stand in for the whole row: a bias,
+    penalties or a grammar change logits before any cut, logprobs are the row's, and a wider
+    top-k (or none) needs tokens the device dropped."""
+    penalized = (
+        params.repeat_penalty != 1.0
+        or params.frequency_penalty != 0.0
+        or params.presence_penalty != 0.0
+    )
+    if grammar or logprobs or penalized or params.logit_bias:
+        return True
+    return params.temperature > 0.0 and not (0 < params.top_k <= device_k)
 
 
 def draw(
@@ -252,17 +263,28 @@ class Sampler:
         self.runtime = runtime
         self.device_k = runtime.params.device_top_k  # > 0: candidates come from the device
         # Sequence ids whose device top-k is detached. Each change costs llama.cpp a graph
-        # reservation (tens of ms on a GPU), so an id stays detached after its request until a
-        # request that can use the device's candidates gets it: free ids are reused last in,
-        # first out, so constrained requests one after another keep one detached id.
+        # reservation (60-130 ms on an H100, every stream waits), so an id stays detached
+        # after its request, and admission gives a request a free id that suits it when there
+        # is one (``suits``): constrained requests take detached ids, the others attached ones.
         self.detached: set[int] = set()
+
+    def _full_row(self, req: p.Generate) -> bool:
+        grammar, logprobs = req.grammar is not None, req.logprobs is not None
+        return needs_full_row(req, self.device_k, grammar=grammar, logprobs=logprobs)
+
+    def suits(self, req: p.Generate) -> Callable[[int], bool] | None:
+        """Which sequence ids ``req`` can take without a (de)tach (None: any)."""
+        if not self.device_k:
+            return None
+        full = self._full_row(req)
+        return lambda seq_id: (seq_id in self.detached) == full
 
     def new(self, seq_id: int, req: p.Generate, default_seed: int) -> SamplerState:
         grammar = None if req.grammar is None else self.runtime.grammar(req.grammar)
         state = SamplerState(req, default_seed, grammar)
         if not self.device_k:
             return state
-        state.full_row = state.needs_full_row(self.device_k) or req.logprobs is not None
+        state.full_row = self._full_row(req)
         if state.full_row and seq_id not in self.detached:
             self.runtime.set_device_top_k(seq_id, False)
             self.detached.add(seq_id)

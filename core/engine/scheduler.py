@@ -129,7 +129,7 @@ class Scheduler:
         if self._ended and len(self._queue):  # a waiting request may need their ids or KV
             self.release_ended()
         now = time.monotonic_ns()
-        while (seq := self._queue.admit(self._hold())) is not None:
+        while (seq := self._queue.admit(self._hold(), self._suits)) is not None:
             seq.admitted_ns = seq.last_progress_ns = now
             seq.sampler = self._sampler.new(seq.seq_id, seq.request, self._rng.getrandbits(32))
             self.runtime.seq_clear(seq.seq_id)
@@ -144,6 +144,11 @@ class Scheduler:
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.waiting_sessions = len(self._queue)
         self.metrics.active_sessions = len(self.running)
+
+    def _suits(self, seq: Sequence) -> Callable[[int], bool] | None:
+        """A constrained request takes a free id whose device top-k is off, others one whose
+        top-k is on, when there is one (sampling.py: each switch costs a graph reservation)."""
+        return self._sampler.suits(seq.request)
 
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
         """Keep ``tokens``' KV resident for good (call before start): see PrefixStore.pin."""

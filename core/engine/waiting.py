@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from uma_serve.core.engine.sequence import Sequence
 
 Hold = Callable[[Sequence], bool]
+Suits = Callable[[Sequence], Callable[[int], bool] | None]  # which free ids suit a request
 
 
 class WaitingQueue:
@@ -43,13 +44,17 @@ class WaitingQueue:
         """A waiting request could take a free sequence now."""
         return self._next(hold) is not None
 
-    def admit(self, hold: Hold | None = None) -> Sequence | None:
+    def admit(self, hold: Hold | None = None, suits: Suits | None = None) -> Sequence | None:
         """The next request to run, with its sequence id taken (None: nothing can run now).
-        Requests ``hold`` names wait (a running sequence is computing the prefix they share)."""
+        Requests ``hold`` names wait (a running sequence is computing the prefix they share).
+        The id is the last freed one that ``suits`` the request, else the last freed one."""
         seq = self._next(hold)
         if seq is not None:
             self.waiting.remove(seq)
-            seq.seq_id = self.free_ids.pop()
+            fits = suits(seq) if suits is not None else None
+            ids = self.free_ids
+            i = next((j for j in range(len(ids) - 1, -1, -1) if fits(ids[j])), -1) if fits else -1
+            seq.seq_id = ids.pop(i)
         return seq
 
     def release(self, seq_id: int) -> None:

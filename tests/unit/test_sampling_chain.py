@@ -164,3 +164,31 @@ def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device()
     assert len(runtime.calls) == 2  # an attached id stays as it is
     assert sampler.new(6, p.Generate(id="c", prompt="x", logprobs=2), 0).full_row
     assert runtime.calls[-1] == (6, False)
+
+
+def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
+    """Plain and whole-row requests alternating over eight ids switch a device top-k once
+    (the first constrained request's), not at every change of kind: each request is given a
+    free id already in the state it needs."""
+    from uma_serve.core import protocol as p
+    from uma_serve.core.engine.sequence import Sequence
+    from uma_serve.core.engine.waiting import WaitingQueue
+    from uma_serve.core.sampling import Sampler
+
+    runtime = _DeviceTopK()
+    sampler = Sampler(runtime)  # type: ignore[arg-type]
+    queue = WaitingQueue(range(8), 0)  # four streams on eight sequences
+    plain = p.Generate(id="a", prompt="x")
+    constrained = p.Generate(id="b", prompt="x", repeat_penalty=1.2)  # its whole row
+    for k in range(6):  # three plain streams and one more, plain or not, ended and restarted
+        running = []
+        for req in (plain, plain, plain, constrained if k % 2 else plain):
+            queue.waiting.append(Sequence((1, req.id), req, [1, 2], 0))
+            seq = queue.admit(None, lambda s: sampler.suits(s.request))
+            assert seq is not None
+            running.append((seq, sampler.new(seq.seq_id, req, 0)))
+        for seq, state in running:
+            assert state.full_row == (seq.request is constrained)
+            sampler.release(state)
+            queue.release(seq.seq_id)
+    assert len(runtime.calls) == 1 and runtime.calls[0][1] is False, runtime.calls
