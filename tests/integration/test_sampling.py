@@ -207,7 +207,8 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
     on the cache layout, which would flip near-tie tokens between differently used daemons):
     the same text, greedy, penalised (backend-topk's whole-row path, the sequence's device
     top-k detached), seeded sampled (one chain over either candidates), and with speculative
-    verification (several rows of one sequence in a tick, on the repetitive prompt)."""
+    verification (several rows of one sequence in a tick, on the repetitive prompt); and
+    the same log-probabilities (a whole row the device hands over)."""
     flags = ("--n-ctx", "2048", "--prefix-cache-tokens", "0", "--policy", policy)
     daemons = []
     try:
@@ -228,6 +229,15 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
                     texts.append(done.text)
             assert texts[0] == texts[1], (req.prompt, texts)
             assert texts[0]
+        # a whole row from the device (its whole-row sampler doubles it, the host halves it)
+        logprobs = []
+        for d in daemons:
+            with d.client() as c:
+                req = gen("The capital of France is", max_tokens=4, temperature=0.0, logprobs=3)
+                done = c.complete(msgspec.structs.replace(req, stream=False))
+                assert isinstance(done, p.CompletionEvent) and done.logprobs
+                logprobs.append([t.logprob for x in done.logprobs for t in [x.token, *x.top]])
+        assert np.allclose(logprobs[0], logprobs[1], atol=0.02), logprobs
     finally:
         for d in daemons:
             d.stop()
