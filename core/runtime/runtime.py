@@ -73,17 +73,6 @@ def gpu_offload(n_gpu_layers: int) -> bool:
     return n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
 
 
-def _whole_row_chain() -> ll.llama_sampler_p:
-    """A device sampler that hands the host its sequence's whole row: temperature 0.5, which
-    doubles every logit exactly (llama.cpp makes temperature 1 an empty sampler, which does not
-    run on the device); logits_row halves it back. With a sampler on every sequence, llama.cpp
-    copies only this row whole; one sequence without any made it copy every row of the decode
-    (1 MB a row at Gemma 3's vocabulary)."""
-    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(0.5))
-    return chain
-
-
 class Runtime(KvMemory):
     """One model, one context, one batch. Not thread-safe: the engine thread drives decode;
     tokenize/detokenize only read the vocab and may run on another thread."""
@@ -318,12 +307,8 @@ class Runtime(KvMemory):
         self._abort[0] = b"\x00"
 
     def logits_row(self, row: int) -> np.ndarray:
-        """The logits of a batch row: a numpy view on llama.cpp's buffer (no copy), valid until
-        the next decode; with a device top-k, a row of a whole-row sequence, from its device
-        sampler (``_whole_row_chain``), halved back into a copy."""
-        if self.params.device_top_k > 0:
-            ptr = ll.llama_get_sampled_logits_ith(self.ctx, row)
-            return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)) * np.float32(0.5)
+        """The logits of a batch row as a numpy view on llama.cpp's buffer (no copy); valid
+        until the next decode."""
         ptr = ll.llama_get_logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
@@ -370,14 +355,17 @@ class Runtime(KvMemory):
         return ids, logits
 
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
-        """Swap a sequence's device top-k for a whole-row sampler (a request that needs its
-        whole logits row) or back; each change costs one graph reservation at the next
-        decode. A chain is attached once in its life (llama.cpp initialises it for the graph
-        then): each swap attaches a fresh one."""
+        """Detach (a request that needs its whole logits row) or re-attach a sequence's
+        device top-k; each change costs one graph reservation at the next decode. A chain
+        is attached once in its life (llama.cpp initialises it for the graph then): re-attach
+        means a fresh one."""
         old = self._top_k_chains[seq_id]
-        k = self.params.device_top_k
-        chain = self._top_k_chains[seq_id] = self._top_k_chain(k) if on else _whole_row_chain()
-        ll.llama_set_sampler(self.ctx, seq_id, chain)
+        if on:
+            chain = self._top_k_chains[seq_id] = self._top_k_chain(self.params.device_top_k)
+            ll.llama_set_sampler(self.ctx, seq_id, chain)
+        else:
+            ll.llama_set_sampler(self.ctx, seq_id, None)
+            self._top_k_chains[seq_id] = None
         if old is not None:
             ll.llama_sampler_free(old)
 
