@@ -97,18 +97,18 @@ class Inbox:
             while not (self._items or self._stop_reason or busy()):
                 on_idle()
                 self._cond.wait()
-            items = list(self._items)
-            self._items.clear()
-            self._interactive_waiting = False
-            return items, self._stop_reason
+            return self._drain(), self._stop_reason
 
     def take_ready(self) -> list[Op]:
         """What was posted since the last take, without waiting (the stop order stays)."""
         with self._cond:
-            items = list(self._items)
-            self._items.clear()
-            self._interactive_waiting = False
-            return items
+            return self._drain()
+
+    def _drain(self) -> list[Op]:  # under the lock
+        items = list(self._items)
+        self._items.clear()
+        self._interactive_waiting = False
+        return items
 
     @contextmanager
     def abort_window(self, abortable: bool) -> Iterator[None]:

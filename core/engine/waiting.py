@@ -51,11 +51,16 @@ class WaitingQueue:
         seq = self._next(hold)
         if seq is not None:
             self.waiting.remove(seq)
-            fits = suits(seq) if suits is not None else None
-            ids = self.free_ids
-            i = next((j for j in range(len(ids) - 1, -1, -1) if fits(ids[j])), -1) if fits else -1
-            seq.seq_id = ids.pop(i)
+            seq.seq_id = self._take_id(suits(seq) if suits is not None else None)
         return seq
+
+    def _take_id(self, fits: Callable[[int], bool] | None) -> int:
+        """The last freed id that ``fits``, else the last freed one."""
+        ids = self.free_ids
+        for i in range(len(ids) - 1, -1, -1):
+            if fits is None or fits(ids[i]):
+                return ids.pop(i)
+        return ids.pop()
 
     def release(self, seq_id: int) -> None:
         self.free_ids.append(seq_id)

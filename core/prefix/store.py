@@ -195,8 +195,7 @@ class PrefixStore:
             self.runtime.seq_clear(cache_id)
         if plan.entry is not None:
             self.runtime.seq_copy(seq_id, plan.entry.cache_id, len(plan.entry))
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
+        _show_size(self.metrics, self._prefix)
 
     def can_evict(self) -> bool:
         """Whether evict_for_room would free anything (an entry that is not pinned)."""
@@ -210,8 +209,7 @@ class PrefixStore:
             return False
         for cache_id in ids:
             self.runtime.seq_clear(cache_id)
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
+        _show_size(self.metrics, self._prefix)
         self.metrics.prefix_cache_evictions_total += 1
         return True
 
@@ -232,15 +230,10 @@ class PrefixStore:
             else:
                 self.runtime.seq_clear(cid)
         if status == "computed":
-            for pos in range(0, len(tokens), self.n_batch):
-                chunk = tokens[pos : pos + self.n_batch]
-                rc, _ = self.runtime.decode([Span(cid, pos, chunk, False)])
-                if rc != 0:
-                    raise RuntimeError(f"pinning the prefix failed (llama_decode rc={rc})")
+            _prefill(self.runtime, cid, tokens, self.n_batch)
             if kv_path:
                 self.runtime.seq_save(kv_path, cid, tokens)
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
+        _show_size(self.metrics, self._prefix)
         return status
 
 
@@ -305,7 +298,7 @@ class SnapshotStore:
             if len(plan.entry) < len(tokens):
                 self.runtime.seq_trim(seq_id, len(plan.entry))
             self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq_id)
-        self._update_metrics()
+        _show_size(self.metrics, self._prefix)
 
     def can_evict(self) -> bool:
         """Entries hold no KV cells: dropping them frees none."""
@@ -330,18 +323,24 @@ class SnapshotStore:
             else:
                 rt.clear_all()
         if status == "computed":
-            for pos in range(0, len(tokens), rt.n_batch):
-                chunk = tokens[pos : pos + rt.n_batch]
-                rc, _ = rt.decode([Span(0, pos, chunk, False)])
-                if rc != 0:
-                    raise RuntimeError(f"pinning the prefix failed (llama_decode rc={rc})")
+            _prefill(rt, 0, tokens, rt.n_batch)
             if kv_path:
                 rt.seq_save(kv_path, 0, tokens)
         self._kv[entry.cache_id] = rt.seq_state(0)
         rt.clear_all()
-        self._update_metrics()
+        _show_size(self.metrics, self._prefix)
         return status
 
-    def _update_metrics(self) -> None:
-        self.metrics.prefix_cache_resident_tokens = self._prefix.resident_tokens
-        self.metrics.prefix_cache_entries = len(self._prefix.entries)
+
+def _show_size(metrics: EngineMetrics, index: PrefixIndex) -> None:
+    """The cache's size in the metrics, after any change to its entries."""
+    metrics.prefix_cache_resident_tokens = index.resident_tokens
+    metrics.prefix_cache_entries = len(index.entries)
+
+
+def _prefill(runtime: RuntimeApi, seq_id: int, tokens: list[int], n_batch: int) -> None:
+    """A pinned prefix's KV, computed in batches on ``seq_id``."""
+    for pos in range(0, len(tokens), n_batch):
+        rc, _ = runtime.decode([Span(seq_id, pos, tokens[pos : pos + n_batch], False)])
+        if rc != 0:
+            raise RuntimeError(f"pinning the prefix failed (llama_decode rc={rc})")
