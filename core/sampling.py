@@ -67,6 +67,13 @@ class SamplerState:
         self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self.grammar = grammar
         self.full_row = False
+        # the draw's parameters as one tuple (top-k as a width: none is any width)
+        self.chain = (
+            params.top_k if params.top_k > 0 else math.inf,
+            math.log(params.min_p) if params.min_p > 0.0 else -math.inf,
+            params.top_p,
+            params.temperature,
+        )
 
     def needs_full_row(self, device_k: int) -> bool:
         return needs_full_row(self.p, device_k, grammar=self.grammar is not None)
@@ -169,28 +176,37 @@ def _sample(
     of the peak; then one inverse-CDF draw along the row. Written for few numpy calls: they,
     not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
     rows, width = logits.shape
-    prm = [s.p for s in states]
+    top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
     col = np.arange(width)
     at = np.arange(rows)[:, None]
-    top_k = col < np.array([[q.top_k if 0 < q.top_k < width else width] for q in prm])
-    cand = logits.astype(np.float64)
     if ordered:
-        order = np.argsort(-cand, axis=1, kind="stable")
-        ids, cand = ids[at, order], cand[at, order]
+        order = descending(logits)
+        ids, logits = ids[at, order], logits[at, order]
+    cand = logits.astype(np.float64)
+    keep_k = col < top_k  # top-k (0 or none: the whole row)
     cand -= cand.max(axis=1, keepdims=True)  # the row's peak is 0
-    floor = np.array([[math.log(q.min_p) if q.min_p > 0.0 else -math.inf] for q in prm])
-    keep = top_k & (cand >= floor)  # min-p: p >= min_p * p_max
-    if any(q.top_p < 1.0 for q in prm):  # the first prefix of the top-k holding top_p of its mass
-        mass = np.cumsum(np.exp(cand) * top_k, axis=1)
+    keep = keep_k & (cand >= log_min_p)  # min-p: p >= min_p * p_max
+    if (top_p < 1.0).any():  # the first prefix of the top-k holding top_p of its mass
+        mass = np.cumsum(np.exp(cand) * keep_k, axis=1)
         total = mass[:, -1:] if rest is None else mass[:, -1:] + rest[:, None]
-        keep &= col <= (mass < np.array([[q.top_p] for q in prm]) * total).sum(1, keepdims=True)
-    w = np.exp(cand / np.array([[q.temperature] for q in prm])) * keep
+        keep &= col <= (mass < top_p * total).sum(1, keepdims=True)
+    w = np.exp(cand / temperature) * keep
     cw = np.cumsum(w, axis=1)
-    u = np.array([[s.rng.random()] for s in states]) * cw[:, -1:]
+    u = np.array([s.rng.random() for s in states])[:, None] * cw[:, -1:]
     pick = (cw <= u).sum(axis=1)
     if pick.max() >= width:  # u rounded up to the total: the last kept token
         pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
     return ids[at[:, 0], pick]
+
+
+def descending(logits: np.ndarray) -> np.ndarray:
+    """Each row's order by logit, largest first, ties in column order: what a stable sort
+    gives, from a quicksort of unique integer keys (5x faster at 64 x 64; float32 bits made
+    monotonic, -0 as +0, the column in the low bits)."""
+    bits = (logits + np.float32(0.0)).view(np.int32).astype(np.int64)
+    key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ascending with the float
+    col_bits = max(int(logits.shape[1] - 1).bit_length(), 1)
+    return np.argsort(((-key) << col_bits) | np.arange(logits.shape[1]), axis=1)
 
 
 def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
