@@ -85,8 +85,10 @@ class SamplerState:
             self.grammar.accept(token)
 
     def free(self) -> None:
+        """Its grammar's memory back (a state freed while its tick computes samples freely)."""
         if self.grammar is not None:
             self.grammar.free()
+            self.grammar = None
 
     def prepare(self, row: np.ndarray) -> None:
         """Bias then penalties, in place on a whole row (the next decode rewrites it)."""
@@ -283,6 +285,7 @@ class Sampler:
         # after its request, and admission gives a request a free id that suits it when there
         # is one (``suits``): constrained requests take detached ids, the others attached ones.
         self.detached: set[int] = set()
+        self._changes: dict[int, bool] = {}  # seq_id -> device top-k on, not yet applied
 
     def _full_row(self, req: p.Generate) -> bool:
         grammar, logprobs = req.grammar is not None, req.logprobs is not None
@@ -296,18 +299,24 @@ class Sampler:
         return lambda seq_id: (seq_id in self.detached) == full
 
     def new(self, seq_id: int, req: p.Generate, default_seed: int) -> SamplerState:
+        """A request's sampling state on ``seq_id``; a change of the id's device top-k waits
+        for ``apply`` (a tick may be computing with the id's current one)."""
         grammar = None if req.grammar is None else self.runtime.grammar(req.grammar)
         state = SamplerState(req, default_seed, grammar)
         if not self.device_k:
             return state
         state.full_row = self._full_row(req)
-        if state.full_row and seq_id not in self.detached:
-            self.runtime.set_device_top_k(seq_id, False)
-            self.detached.add(seq_id)
-        elif not state.full_row and seq_id in self.detached:
-            self.runtime.set_device_top_k(seq_id, True)
-            self.detached.discard(seq_id)
+        if state.full_row != (seq_id in self.detached):
+            self.detached ^= {seq_id}
+            if self._changes.pop(seq_id, None) is None:  # else: it undoes a pending change
+                self._changes[seq_id] = not state.full_row
         return state
+
+    def apply(self) -> None:
+        """Make the device top-k changes ``new`` decided (call with no decode in flight)."""
+        for seq_id, on in self._changes.items():
+            self.runtime.set_device_top_k(seq_id, on)
+        self._changes.clear()
 
     def release(self, state: SamplerState | None) -> None:
         if state is not None:

@@ -1,10 +1,19 @@
 """The engine: a thread that runs ticks, each one llama_decode.
 
-    batch = scheduler.schedule()                  # the policy's plan, its spans and rows
+    planned = scheduler.plan()                    # tick N+1's plan, while tick N computes
+    out = executor.collect(launched)              # tick N: the device done, its rows sampled
+    events = scheduler.advance(batch, out)        # tokens -> text, stops, ends (sent at once)
+    batch = scheduler.batch(planned)              # tick N+1's spans, with tick N's tokens
     launched = executor.launch(batch)             # llama_decode (a GPU computes after it)
-    freed = scheduler.release_ended()             # host work while the device computes
-    out = executor.collect(launched, ...)         # the device done, the rows sampled
-    events = scheduler.postprocess(batch, out)    # tokens -> text, stops, ends
+    scheduler.record(...)                         # the learner learns tick N meanwhile
+
+A tick stays in flight between two steps: on a GPU llama_decode returns once the graph is
+launched, so the host work of a step (tokens to events and the learner, the inbox, admissions,
+the next plan, releasing finished sequences' KV) runs while the device computes, and only
+sampling, the output step and llama_decode's own host work lie between two ticks. A plan made
+before the last tick's tokens are known keeps its sequences' places: a sequence that tick
+ended drops out of the batch. With speculative drafts (a CPU) the plan waits for the tokens,
+which its drafts continue.
 
 The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
 which post to the ``Inbox`` under one Condition; the engine thread takes everything posted at
@@ -32,7 +41,7 @@ from uma_serve.core.engine.executor import Executor
 from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
 from uma_serve.core.engine.sequence import RequestKey, Submission
-from uma_serve.core.engine.tick import Outgoing
+from uma_serve.core.engine.tick import Batch, Launched, Outgoing, TickResult
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
 from uma_serve.core.policy.work import INTERACTIVE, prompt_class
@@ -162,6 +171,8 @@ class Engine:
             prefix_cache_slots=prefix_cache_slots,
         )
         self.executor = Executor(runtime, sampler)
+        self._inflight: Launched | None = None  # the tick the device computes
+        self._window_t0 = 0.0  # when its launch returned: host work since overlaps it
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----
@@ -210,23 +221,28 @@ class Engine:
         sched = self.scheduler
         try:
             while True:
-                ops, stop = self._inbox.take(sched.busy, sched.learner.idle)
+                ops, stop = self._inbox.take(self._busy, sched.learner.idle)
                 events = self._apply(ops)
                 if stop is not None:
+                    self._settle()
                     self.sink(events + sched.drain(stop))
                     return
                 sched.admit()
                 events += self._join_arrivals()
-                if sched.running:
-                    events += self.step()
-                if not sched.running:
-                    sched.release_ended()  # idle: nothing to overlap it with
                 if events:
                     self.sink(events)
+                if sched.running or self._inflight is not None:
+                    self.step()
+                if not sched.running and self._inflight is None:
+                    sched.release_ended()  # idle: nothing to overlap it with
         except Exception:
             log.exception("engine thread crashed")
+            self._settle()
             self.sink(sched.drain("engine failure", reason="error"))
             raise
+
+    def _busy(self) -> bool:
+        return self._inflight is not None or self.scheduler.busy()
 
     def _join_arrivals(self) -> list[Outgoing]:
         """Requests that arrived while others were admitted join this tick. An admission costs
@@ -241,23 +257,71 @@ class Engine:
             self.scheduler.admit()
         return events
 
-    def step(self) -> list[Outgoing]:
-        """One tick: schedule, launch, release the finished sequences while the device
-        computes, collect, postprocess."""
+    def step(self) -> None:
+        """One tick: plan the next one (while the device computes the one in flight, unless
+        its drafts need that one's tokens), collect the one in flight and send its events,
+        launch the next, let the learner learn the collected one."""
         sched = self.scheduler
         try:
-            batch = sched.schedule()
-            if batch.empty:
-                return []
-            with self._inbox.abort_window(batch.abortable):
-                launched = self.executor.launch(batch)
-            t0 = time.perf_counter()
-            freed = sched.release_ended()
-            out = self.executor.collect(launched, time.perf_counter() - t0, freed > 0)
+            ahead = self._inflight is not None and sched.plans_ahead
+            planned = sched.plan(ahead=True) if ahead and sched.running else None
+            done = self._collect()
+            if done is not None and done[1].failure is not None:
+                planned = None  # planned on a tick that did not happen
+            if ahead and self._admit_late():
+                planned = None  # requests came while the device computed: they join now
+            if planned is None and sched.running:
+                planned = sched.plan()
+            if planned is not None:
+                self._launch(sched.batch(planned))
+            if done is not None:
+                sched.record(*done)
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
-            return sched.fail_running("internal error in the engine tick")
-        return sched.postprocess(batch, out)
+            self._settle()
+            self.sink(sched.fail_running("internal error in the engine tick"))
+
+    def _collect(self) -> tuple[Batch, TickResult] | None:
+        """The tick in flight: release finished sequences while the device computes, wait for
+        it, sample, and send its tokens' events at once."""
+        launched, self._inflight = self._inflight, None
+        if launched is None:
+            return None
+        freed = self.scheduler.release_ended()
+        overlap_s = time.perf_counter() - self._window_t0
+        result = self.executor.collect(launched, overlap_s, freed > 0)
+        events = self.scheduler.advance(launched.batch, result)
+        if events:
+            self.sink(events)
+        return launched.batch, result
+
+    def _admit_late(self) -> bool:
+        """Requests posted since the plan was made, admitted (a plan made ahead would leave
+        them for a tick more); whether there were any."""
+        ops = self._inbox.take_ready()
+        if not ops:
+            return False
+        events = self._apply(ops)
+        self.scheduler.admit()
+        events += self._join_arrivals()
+        if events:
+            self.sink(events)
+        return True
+
+    def _launch(self, batch: Batch) -> None:
+        if batch.empty:
+            return
+        with self._inbox.abort_window(batch.abortable):
+            self._inflight = self.executor.launch(batch)
+        self.scheduler.launched(batch)
+        self._window_t0 = time.perf_counter()
+
+    def _settle(self) -> None:
+        """Wait for a tick still in flight and drop it (a stop or a failure ends everything)."""
+        if self._inflight is not None:
+            self._inflight = None
+            self.runtime.synchronize()
+            self.scheduler.settled()
 
     def _apply(self, ops: list[Op]) -> list[Outgoing]:
         events: list[Outgoing] = []

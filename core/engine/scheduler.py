@@ -1,10 +1,12 @@
 """The scheduler: which sequences run, and what each tick carries.
 
 It owns the running set and the admission queue, uses the prefix cache on admission and on
-a sequence's end, shows the policy a side-effect-free snapshot and hands the executor a
-Batch. After the tick it advances the sequences, passes their tokens through the output step
-(core/engine/output.py: text, stops, lengths, ends), applies what a failed tick's decision
-says (core/engine/recovery.py) and gives the tick's time to the learner (learner.py).
+a sequence's end, shows the policy a side-effect-free snapshot and turns its plan into the
+executor's Batch. At the launch it moves the tick's sequences to where the tick leaves them
+(so the next tick can be planned while the device computes); once the tick is collected it
+passes its tokens through the output step (core/engine/output.py: text, stops, lengths,
+ends), applies what a failed tick's decision says (core/engine/recovery.py) and gives the
+tick's time to the learner (learner.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine.learner import TickLearner
@@ -50,6 +52,16 @@ log = logging.getLogger("uma.engine")
 Match = Callable[[Sequence], bool]
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A tick's plan, the state it was planned from and its items' sequences (a tick in
+    flight may end some of them before the plan becomes a batch)."""
+
+    plan: Plan
+    state: SchedulerState
+    seqs: tuple[Sequence, ...]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -75,12 +87,16 @@ class Scheduler:
             runtime, metrics, constraints, prefix_cache_tokens, prefix_cache_slots
         )
         self._spec = constraints.spec_max_draft
+        # a tick can be planned before the tokens of the one in flight are known: not while
+        # speculative drafts continue them
+        self.plans_ahead = self._spec <= 0
         self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
         self.running: dict[int, Sequence] = {}  # seq_id -> sequence
         transformers = policy.transformers if isinstance(policy, PolicyPipeline) else ()
         self.learner = TickLearner(constraints, transformers)
         self._max_prefill: int | None = None  # cap after a failed decode (no KV slot)
         self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
+        self._inflight: tuple[Sequence, ...] = ()  # the launched tick's items' sequences
         self._last_interactive_ns = 0  # when an interactive request last ran or waited
 
     # ---- requests in and out ----
@@ -156,21 +172,55 @@ class Scheduler:
 
     # ---- one tick ----
 
-    def schedule(self) -> Batch:
-        """Propose drafts, note a conversation, show the policy the snapshot: its plan."""
+    def plan(self, ahead: bool = False) -> Planned:
+        """Propose drafts (not ``ahead``: the tokens are in), note a conversation, show the
+        policy the snapshot: its plan. Ahead, the sequences of the tick in flight are shown
+        where it leaves them, their next token not yet drawn."""
         now = time.monotonic_ns()
-        self._propose_drafts()
+        if not ahead:
+            self._propose_drafts()
         if any(s.interactive for s in self.running.values()) or self._queue.has_interactive():
             self._last_interactive_ns = now  # a conversation is going on
         state = self.snapshot(now)
         constraints = replace(self.constraints, max_prefill_tokens=self._max_prefill)
         plan = self.policy.schedule_tick(state, constraints)
-        seqs = [self.running[i.seq_id] for i in plan.items]
-        spans = tuple(s.span(i) for s, i in zip(seqs, plan.items, strict=True))
-        draws = tuple(s.draw(i, sp) for s, i, sp in zip(seqs, plan.items, spans, strict=True))
+        return Planned(plan, state, tuple(self.running[i.seq_id] for i in plan.items))
+
+    def batch(self, planned: Planned) -> Batch:
+        """The plan's spans and sampler rows, from its sequences as they are now: one that
+        ended since (by the tick in flight, or a cancel) drops out. Before the launch, with
+        the device idle: the sampler's device top-k changes are applied here."""
+        kept = [
+            (item, seq)
+            for item, seq in zip(planned.plan.items, planned.seqs, strict=True)
+            if self.running.get(seq.seq_id) is seq
+            and (item.phase is Phase.PREFILL or seq.next_token is not None)
+        ]
+        plan = planned.plan
+        if len(kept) < len(plan.items):
+            plan = replace(plan, items=tuple(item for item, _ in kept))
+        self._sampler.apply()
+        spans = tuple(seq.span(item) for item, seq in kept)
+        draws = tuple(seq.draw(item, sp) for (item, seq), sp in zip(kept, spans, strict=True))
         # a tick of bulk work only: a chat turn's arrival stops it (its chunk is redone later)
-        abortable = all(s.work_class != INTERACTIVE for s in seqs)
-        return Batch(plan, state, spans, draws, abortable)
+        abortable = all(seq.work_class != INTERACTIVE for _, seq in kept)
+        return Batch(plan, planned.state, spans, draws, abortable)
+
+    def launched(self, batch: Batch) -> None:
+        """The tick is on its way: its sequences stand where it leaves them (the next tick is
+        planned meanwhile); its tokens come in ``advance``. A drafted decode moves there, by
+        what the verification accepts."""
+        self._inflight = tuple(self.running[item.seq_id] for item in batch.plan.items)
+        for item, seq in zip(batch.plan.items, self._inflight, strict=True):
+            if item.phase is Phase.DECODE and item.n_tokens > 1:
+                continue
+            seq.n_past += item.n_tokens
+            if item.phase is Phase.DECODE:
+                seq.next_token = None
+
+    def settled(self) -> None:
+        """The tick in flight was dropped (a stop or a failure ends its sequences)."""
+        self._inflight = ()
 
     def _propose_drafts(self) -> None:
         """Prompt-lookup drafts for the decoding sequences (core/spec/drafts.py)."""
@@ -188,40 +238,62 @@ class Scheduler:
         views = tuple(s.view() for s in self.running.values())
         return SchedulerState(views, self.learner.stats, now_ns, self._last_interactive_ns)
 
-    def postprocess(self, batch: Batch, result: TickResult) -> list[Outgoing]:
-        """The tick's tokens as events; a failed tick's consequences."""
+    def advance(self, batch: Batch, result: TickResult) -> list[Outgoing]:
+        """The collected tick's tokens as events; a failed tick's consequences."""
         out: list[Outgoing] = []
+        seqs, self._inflight = self._inflight, ()
         try:
             self.learner.tick_started(result.t0, self.metrics)
             self.learner.tick_decoded(result.t0, result.ms, result.overlap_ms)
             if result.failure is not None:
-                self._recover(result.failure, result.rc, batch.plan, out)
+                self._undo(batch, seqs)
+                self._recover(result.failure, result.rc, batch.plan, seqs, out)
             else:
-                self._record_tick(result, batch)
-                self._advance(batch, result.sampled, out)
+                self._advance(batch, seqs, result.sampled, out)
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
             out += self.fail_running("internal error in the engine tick")
         return out
 
-    def _advance(self, batch: Batch, sampled: tuple[Sampled, ...], out: list[Outgoing]) -> None:
+    def record(self, batch: Batch, result: TickResult) -> None:
+        """The learner learns a collected tick's time (the next tick computes meanwhile)."""
+        if result.failure is not None:
+            return
+        self.learner.record(result.ms, batch.plan, batch.state, self.metrics)
+        self.metrics.observe_tick_parts(result.ms, result.sample_ms, result.overlap_ms)
+        if self._max_prefill is not None:  # recover gradually after a failed decode
+            doubled = self._max_prefill * 2
+            self._max_prefill = doubled if doubled < self.constraints.n_batch else None
+
+    def _undo(self, batch: Batch, seqs: tuple[Sequence, ...]) -> None:
+        """A failed tick's sequences back where it found them (its KV writes are undone)."""
+        for item, span, seq in zip(batch.plan.items, batch.spans, seqs, strict=True):
+            seq.n_past = span.pos
+            if item.phase is Phase.DECODE:
+                seq.next_token = span.tokens[0]
+
+    def _advance(
+        self,
+        batch: Batch,
+        seqs: tuple[Sequence, ...],
+        sampled: tuple[Sampled, ...],
+        out: list[Outgoing],
+    ) -> None:
         now = time.monotonic_ns()
         served = {item.seq_id for item in batch.plan.items}
         for seq in self.running.values():
             if seq.seq_id not in served:
                 seq.burst = 0
         drafted: list[tuple[Sequence, int, Sampled]] = []
-        seqs = [self.running[item.seq_id] for item in batch.plan.items]
         for item, seq, got in zip(batch.plan.items, seqs, sampled, strict=True):
+            if self.running.get(seq.seq_id) is not seq:
+                continue  # cancelled while its tick computed
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE and item.n_tokens > 1:
                 drafted.append((seq, item.n_tokens - 1, got))
                 continue
-            seq.n_past += item.n_tokens
-            if item.phase is Phase.DECODE:
-                seq.next_token = None
-            elif not seq.pending_prefill:
+            if item.phase is Phase.PREFILL and not seq.pending_prefill:
                 seq.prefill_done_ns = now
             if got.tokens:
                 self._emit(seq, got.tokens[0], got.logprobs[0], now, out)
@@ -255,14 +327,9 @@ class Scheduler:
         self.metrics.spec_drafted_tokens_total += len(drafts)
         self.metrics.spec_accepted_tokens_total += accepted
 
-    def _record_tick(self, result: TickResult, batch: Batch) -> None:
-        self.learner.record(result.ms, batch.plan, batch.state, self.metrics)
-        self.metrics.observe_tick_parts(result.ms, result.sample_ms, result.overlap_ms)
-        if self._max_prefill is not None:  # recover gradually after a failed decode
-            doubled = self._max_prefill * 2
-            self._max_prefill = doubled if doubled < self.constraints.n_batch else None
-
-    def _recover(self, failure: Failure, rc: int, plan: Plan, out: list[Outgoing]) -> None:
+    def _recover(
+        self, failure: Failure, rc: int, plan: Plan, seqs: tuple[Sequence, ...], out: list[Outgoing]
+    ) -> None:
         """Apply what follows from a failed tick (core/engine/recovery.py decides it)."""
         n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
         evictable = self._prefix is not None and self._prefix.can_evict()
@@ -286,7 +353,7 @@ class Scheduler:
                 self._fail(victim, "KV cache full: no slot for this sequence", now, out)
             case FailBatch(rc=rc):
                 log.error("llama_decode returned %d: failing the batch's requests", rc)
-                for seq in [self.running[item.seq_id] for item in plan.items]:
+                for seq in [s for s in seqs if self.running.get(s.seq_id) is s]:
                     self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
 
     # ---- tokens and ends ----

@@ -1,10 +1,10 @@
 """What the scheduler hands the executor for one tick, and what comes back.
 
-batch = scheduler.schedule()            # a Batch: the plan, its spans and its sampler rows
-launched = executor.launch(batch)       # one llama_decode, launched
-...                                     # host work while the device computes
-result = executor.collect(launched, …)  # a TickResult: the device done, the rows sampled
-events = scheduler.postprocess(batch, result)
+batch = scheduler.batch(scheduler.plan())  # a Batch: the plan, its spans and sampler rows
+launched = executor.launch(batch)          # one llama_decode, launched
+...                                        # host work while the device computes
+result = executor.collect(launched, …)     # a TickResult: the device done, the rows sampled
+events = scheduler.advance(batch, result)
 
 The Batch is the executor's whole input: it reads no sequence and calls nothing back.
 """

@@ -148,7 +148,9 @@ class _DeviceTopK:
 
 def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device() -> None:
     """Each (de)tach costs a graph reservation: constrained requests one after another on one
-    sequence id detach it once; a plain request there attaches it again, once."""
+    sequence id detach it once; a plain request there attaches it again, once. The changes
+    wait for ``apply`` (the scheduler's, before a launch: a tick may be computing with the
+    id's chain), and a change undone before it costs nothing."""
     from uma_serve.core import protocol as p
     from uma_serve.core.sampling import Sampler
 
@@ -158,12 +160,22 @@ def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device()
     plain = p.Generate(id="b", prompt="x")
     for _ in range(3):
         sampler.release(sampler.new(5, penalised, 0))
+        assert runtime.calls == []  # not before apply
+    sampler.apply()
     assert runtime.calls == [(5, False)]
-    assert sampler.new(5, plain, 0).full_row is False and runtime.calls[-1] == (5, True)
+    assert sampler.new(5, plain, 0).full_row is False
+    sampler.apply()
+    assert runtime.calls[-1] == (5, True)
     sampler.new(6, plain, 0)
+    sampler.apply()
     assert len(runtime.calls) == 2  # an attached id stays as it is
     assert sampler.new(6, p.Generate(id="c", prompt="x", logprobs=2), 0).full_row
+    sampler.apply()
     assert runtime.calls[-1] == (6, False)
+    sampler.new(7, penalised, 0)
+    sampler.new(7, plain, 0)  # detached, then attached again, before any launch
+    sampler.apply()
+    assert len(runtime.calls) == 3 and 7 not in sampler.detached
 
 
 def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
@@ -187,6 +199,7 @@ def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
             seq = queue.admit(None, lambda s: sampler.suits(s.request))
             assert seq is not None
             running.append((seq, sampler.new(seq.seq_id, req, 0)))
+        sampler.apply()
         for seq, state in running:
             assert state.full_row == (seq.request is constrained)
             sampler.release(state)
