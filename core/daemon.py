@@ -131,6 +131,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         prefix_cache_tokens=cache_tokens,
         prefix_cache_slots=cache_slots,
         compute_nice=config.compute_nice,
+        overlap=on_gpu,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()

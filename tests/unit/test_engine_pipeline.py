@@ -1,6 +1,6 @@
-"""The tick left in flight between steps, on a fake runtime: the next tick is planned while
-the device computes, a sequence that tick ends drops out of the planned batch, and a cancel
-while it computes costs no other request anything."""
+"""The tick left in flight between steps (``overlap``, a GPU's), on a fake runtime: the next
+tick is planned while the device computes, a sequence that tick ends drops out of the planned
+batch, and a cancel while it computes costs no other request anything."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def engine_on(rt: Recording, events: list, done: threading.Event, finals: int) -
             done.set()
 
     c = Constraints(n_batch=64, tick_budget_ms=50.0)
-    return Engine(rt, PlanLog(rt.log), c, sink, seed=1)
+    return Engine(rt, PlanLog(rt.log), c, sink, seed=1, overlap=True)
 
 
 def tokens_of(events: list, rid: str) -> list[int]:

@@ -1,0 +1,81 @@
+"""The engine with its tick left in flight between steps (``overlap``, how umad runs on a GPU)
+on the real model, on the CPU: the same greedy text as the engine that collects each tick in
+its own step, and a stop string, a cancel and a length end among concurrent requests."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from uma_serve.core import protocol as p
+from uma_serve.core.config import default_model_path
+from uma_serve.core.engine import Engine, Submission
+from uma_serve.core.policy import BaselinePolicy, Constraints
+from uma_serve.core.runtime import Runtime, RuntimeParams
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = Runtime(RuntimeParams(default_model_path(), n_ctx=4096, n_seq=4))
+    yield rt
+    rt.close()
+
+
+def run(rt: Runtime, overlap: bool, requests: list[p.Generate], cancel_after: str = "") -> dict:
+    """Each request's (text, final event); ``cancel_after``: the request cancelled once its
+    third token is out."""
+    texts: dict[str, list[str]] = {r.id: [] for r in requests}
+    finals: dict[str, p.Event] = {}
+    done = threading.Event()
+    engine: Engine
+
+    def sink(batch):
+        for _, e in batch:
+            if isinstance(e, p.TokenEvent):
+                texts[e.id].append(e.text)
+                if e.id == cancel_after and len(texts[e.id]) == 3:
+                    engine.cancel((1, e.id))
+            elif isinstance(e, p.EosEvent | p.ErrorEvent):
+                finals[e.id] = e
+        if len(finals) == len(requests):
+            done.set()
+
+    c = Constraints(n_batch=256, tick_budget_ms=1000.0)
+    engine = Engine(rt, BaselinePolicy(), c, sink, seed=1, overlap=overlap)
+    for i, r in enumerate(requests):
+        engine.submit(Submission((1, r.id), r, rt.tokenize(r.prompt), i))
+    engine.start()
+    assert done.wait(120), finals
+    engine.stop("test over")
+    engine.join(10)
+    return {r.id: ("".join(texts[r.id]), finals[r.id]) for r in requests}
+
+
+def greedy(rid: str, prompt: str, **kw) -> p.Generate:
+    kw.setdefault("max_tokens", 24)
+    return p.Generate(id=rid, prompt=prompt, temperature=0.0, stream=True, **kw)
+
+
+def test_a_tick_in_flight_gives_the_same_greedy_text(runtime) -> None:
+    req = greedy("a", "The three laws of motion are")
+    assert run(runtime, True, [req])["a"][0] == run(runtime, False, [req])["a"][0]
+
+
+def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(runtime) -> None:
+    solo = run(runtime, False, [greedy("s", "Once upon a time, there", max_tokens=32)])["s"][0]
+    stop = solo.split()[4]  # a word it writes: the stop string ends it there
+    reqs = [
+        greedy("s", "Once upon a time, there", max_tokens=32, stop=stop),
+        greedy("c", "def fibonacci(n):", max_tokens=200, ignore_eos=True),
+        greedy("n", "The capital of France is", max_tokens=16, ignore_eos=True),
+    ]
+    got = run(runtime, True, reqs, cancel_after="c")
+    text, end = got["s"]
+    assert isinstance(end, p.EosEvent) and end.reason == "stop" and stop not in text
+    text, end = got["c"]
+    assert isinstance(end, p.EosEvent) and end.reason == "cancelled"
+    assert end.usage.completion_tokens < 200
+    text, end = got["n"]
+    assert isinstance(end, p.EosEvent) and end.reason == "length"
+    assert end.usage.completion_tokens == 16
