@@ -105,7 +105,8 @@ class Histograms(msgspec.Struct):
     tick_overlap_ms: Annotated[
         Histogram,
         _h("each tick's host work between launch and collection (on a GPU the device computes "
-           "meanwhile): finished sequences' release; 0 in most ticks", *_TICK_OVERLAP),
+           "meanwhile): on a GPU the next tick's plan, new requests and finished sequences' "
+           "release; on a CPU the release, 0 in most ticks", *_TICK_OVERLAP),
     ] = _NEW_H  # fmt: skip
 
 

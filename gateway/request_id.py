@@ -42,8 +42,10 @@ class ResponseHeaders:
             return rid.encode() if rid else fallback
 
         def ignored_fields() -> bytes | None:
+            # a field's name may hold any character: escaped to printable ASCII (a control
+            # character in a header value would abort the response)
             names = (scope.get("state") or {}).get("ignored_fields")
-            return ", ".join(names).encode("latin-1", "replace")[:4096] if names else None
+            return ", ".join(names).encode("unicode_escape")[:4096] if names else None
 
         CURRENT.set(request_id)  # this request's task (uvicorn runs one per request) only
         headers = [(HEADER, request_id), (IGNORED_HEADER, ignored_fields)]

@@ -129,6 +129,15 @@ def test_unknown_fields_are_ignored_and_listed(gateway, model_id) -> None:
     assert "ignoring unknown request field 'store'" in gateway.log()
 
 
+def test_unknown_field_names_of_any_character_are_listed_escaped(gateway, model_id) -> None:
+    """A control character or a non-ASCII letter in an unknown field's name (found by the
+    fuzz test: the header value aborted the response) is listed escaped."""
+    body = {"model": model_id, "prompt": "Hi", "max_tokens": 2, "\u001f": None, "é": 1}
+    r = httpx.post(f"{gateway.base_url}/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert set(r.headers["x-uma-ignored-fields"].split(", ")) == {"\\x1f", "\\xe9"}
+
+
 def test_sdk_sends_a_model_dump_message_and_extra_body(sdk, model_id) -> None:
     first = sdk.chat.completions.create(
         model=model_id, messages=[{"role": "user", "content": "Hi."}], max_tokens=4
