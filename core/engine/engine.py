@@ -2,9 +2,10 @@
 
     planned = scheduler.plan()                    # tick N+1's plan, while tick N computes
     out = executor.collect(launched)              # tick N: the device done, its rows sampled
-    events = scheduler.advance(batch, out)        # tokens -> text, stops, ends (sent at once)
+    events = scheduler.advance(batch, seqs, out)  # tokens -> text, stops, ends (sent at once)
     batch = scheduler.batch(planned)              # tick N+1's spans, with tick N's tokens
     launched = executor.launch(batch)             # llama_decode (a GPU computes after it)
+    seqs = scheduler.launched(batch)              # its sequences where it leaves them
     scheduler.record(...)                         # the learner learns tick N meanwhile
 
 On a GPU a tick stays in flight between two steps: llama_decode returns once the graph is
@@ -41,7 +42,7 @@ import msgspec
 from uma_serve.core.engine.executor import Executor
 from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
-from uma_serve.core.engine.sequence import RequestKey, Submission
+from uma_serve.core.engine.sequence import RequestKey, Sequence, Submission
 from uma_serve.core.engine.tick import Batch, Launched, Outgoing, TickResult
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
@@ -178,7 +179,8 @@ class Engine:
         )
         self.executor = Executor(runtime, sampler)
         self._overlap = overlap
-        self._inflight: Launched | None = None  # the tick the device computes
+        # the tick the device computes, and its items' sequences (the scheduler's launched)
+        self._inflight: tuple[Launched, tuple[Sequence, ...]] | None = None
         self._window_t0 = 0.0  # when its launch returned: host work since overlaps it
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
@@ -294,13 +296,14 @@ class Engine:
     def _collect(self) -> tuple[Batch, TickResult] | None:
         """The tick in flight: release finished sequences while the device computes, wait for
         it, sample, and send its tokens' events at once."""
-        launched, self._inflight = self._inflight, None
-        if launched is None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
             return None
+        launched, seqs = inflight
         freed = self.scheduler.release_ended()
         overlap_s = time.perf_counter() - self._window_t0
         result = self.executor.collect(launched, overlap_s, freed > 0)
-        events = self.scheduler.advance(launched.batch, result)
+        events = self.scheduler.advance(launched.batch, seqs, result)
         if events:
             self.sink(events)
         return launched.batch, result
@@ -322,8 +325,8 @@ class Engine:
         if batch.empty:
             return
         with self._inbox.abort_window(batch.abortable):
-            self._inflight = self.executor.launch(batch)
-        self.scheduler.launched(batch)
+            launched = self.executor.launch(batch)
+        self._inflight = launched, self.scheduler.launched(batch)
         self._window_t0 = time.perf_counter()
 
     def _settle(self) -> None:
@@ -331,7 +334,6 @@ class Engine:
         if self._inflight is not None:
             self._inflight = None
             self.runtime.synchronize()
-            self.scheduler.settled()
 
     def _apply(self, ops: list[Op]) -> list[Outgoing]:
         events: list[Outgoing] = []

@@ -30,6 +30,7 @@ from uma_serve.core.engine.recovery import (
     decide,
 )
 from uma_serve.core.engine.sequence import Sequence, Submission
+from uma_serve.core.engine.speculation import Speculation
 from uma_serve.core.engine.tick import Batch, Failure, Outgoing, Sampled, TickResult
 from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
@@ -39,14 +40,6 @@ from uma_serve.core.policy.work import INTERACTIVE, prompt_allowance
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.sampling import Sampler
-from uma_serve.core.spec.drafts import (
-    WorkloadAcceptance,
-    acceptance,
-    drafting,
-    proposal,
-    smoothed,
-)
-from uma_serve.core.spec.ngram import NgramIndex
 
 log = logging.getLogger("uma.engine")
 Match = Callable[[Sequence], bool]
@@ -86,17 +79,12 @@ class Scheduler:
         self._prefix = PrefixStore.build(
             runtime, metrics, constraints, prefix_cache_tokens, prefix_cache_slots
         )
-        self._spec = constraints.spec_max_draft
-        # a tick can be planned before the tokens of the one in flight are known: not while
-        # speculative drafts continue them
-        self.plans_ahead = self._spec <= 0
-        self._accept = WorkloadAcceptance()  # a new session's draft acceptance estimate
+        self._spec = Speculation(constraints.spec_max_draft, constraints.spec_max_streams, metrics)
         self.running: dict[int, Sequence] = {}  # seq_id -> sequence
         transformers = policy.transformers if isinstance(policy, PolicyPipeline) else ()
         self.learner = TickLearner(constraints, transformers)
         self._max_prefill: int | None = None  # cap after a failed decode (no KV slot)
         self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
-        self._inflight: tuple[Sequence, ...] = ()  # the launched tick's items' sequences
         self._last_interactive_ns = 0  # when an interactive request last ran or waited
 
     # ---- requests in and out ----
@@ -153,9 +141,7 @@ class Scheduler:
                 seq.reused = self._prefix.reuse(seq, self.running.values())
                 seq.n_past = seq.reused.tokens
             seq.bulk_prompt = seq.pending_prefill > self.prompt_allowance()
-            if self._spec > 0:
-                seq.ngrams = NgramIndex(seq.prompt)
-                seq.spec_accept_ewma = self._accept.value
+            self._spec.start(seq)
             self.running[seq.seq_id] = seq
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
         self.metrics.waiting_sessions = len(self._queue)
@@ -172,13 +158,19 @@ class Scheduler:
 
     # ---- one tick ----
 
+    @property
+    def plans_ahead(self) -> bool:
+        """Whether a tick can be planned before the tokens of the one in flight are known:
+        not while speculative drafts continue them."""
+        return not self._spec.on
+
     def plan(self, ahead: bool = False) -> Planned:
         """Propose drafts (not ``ahead``: the tokens are in), note a conversation, show the
         policy the snapshot: its plan. Ahead, the sequences of the tick in flight are shown
         where it leaves them, their next token not yet drawn."""
         now = time.monotonic_ns()
         if not ahead:
-            self._propose_drafts()
+            self._spec.propose(self.running.values(), self.runtime.n_ctx_per_seq)
         if any(s.interactive for s in self.running.values()) or self._queue.has_interactive():
             self._last_interactive_ns = now  # a conversation is going on
         state = self.snapshot(now)
@@ -206,42 +198,30 @@ class Scheduler:
         abortable = all(seq.work_class != INTERACTIVE for _, seq in kept)
         return Batch(plan, planned.state, spans, draws, abortable)
 
-    def launched(self, batch: Batch) -> None:
+    def launched(self, batch: Batch) -> tuple[Sequence, ...]:
         """The tick is on its way: its sequences stand where it leaves them (the next tick is
-        planned meanwhile); its tokens come in ``advance``. A drafted decode moves there, by
-        what the verification accepts."""
-        self._inflight = tuple(self.running[item.seq_id] for item in batch.plan.items)
-        for item, seq in zip(batch.plan.items, self._inflight, strict=True):
+        planned meanwhile); its tokens come in ``advance``, given these sequences back. A
+        drafted decode moves there by what the verification accepts."""
+        seqs = tuple(self.running[item.seq_id] for item in batch.plan.items)
+        for item, seq in zip(batch.plan.items, seqs, strict=True):
             if item.phase is Phase.DECODE and item.n_tokens > 1:
                 continue
             seq.n_past += item.n_tokens
             if item.phase is Phase.DECODE:
                 seq.next_token = None
-
-    def settled(self) -> None:
-        """The tick in flight was dropped (a stop or a failure ends its sequences)."""
-        self._inflight = ()
-
-    def _propose_drafts(self) -> None:
-        """Prompt-lookup drafts for the decoding sequences (core/spec/drafts.py)."""
-        if self._spec <= 0:
-            return
-        decoding = [s for s in self.running.values() if s.next_token is not None]
-        few = drafting(len(decoding), self.constraints.spec_max_streams)
-        n_ctx = self.runtime.n_ctx_per_seq
-        for s in decoding:
-            left = s.request.max_tokens - s.generated
-            s.draft = proposal(s.ngrams, self._spec, left, n_ctx - s.n_past) if few else ()
+        return seqs
 
     def snapshot(self, now_ns: int) -> SchedulerState:
         """The running sequences as the policy sees them (no side effects)."""
         views = tuple(s.view() for s in self.running.values())
         return SchedulerState(views, self.learner.stats, now_ns, self._last_interactive_ns)
 
-    def advance(self, batch: Batch, result: TickResult) -> list[Outgoing]:
-        """The collected tick's tokens as events; a failed tick's consequences."""
+    def advance(
+        self, batch: Batch, seqs: tuple[Sequence, ...], result: TickResult
+    ) -> list[Outgoing]:
+        """The collected tick's tokens as events (``seqs``: what ``launched`` gave); a failed
+        tick's consequences."""
         out: list[Outgoing] = []
-        seqs, self._inflight = self._inflight, ()
         try:
             self.learner.tick_started(result.t0, self.metrics)
             self.learner.tick_decoded(result.t0, result.ms, result.overlap_ms)
@@ -298,34 +278,11 @@ class Scheduler:
             if got.tokens:
                 self._emit(seq, got.tokens[0], got.logprobs[0], now, out)
         for seq, n_drafts, got in drafted:
-            self._accept_drafts(seq, list(seq.draft[:n_drafts]), got, now, out)
+            drafts = list(seq.draft[:n_drafts])
+            self._spec.take(seq, drafts, got, lambda t, lp, s=seq: self._emit(s, t, lp, now, out))
+            if self.running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
+                self.runtime.seq_trim(seq.seq_id, seq.n_past)
         self.metrics.kv_cells_used = sum(s.n_past for s in self.running.values())
-
-    def _accept_drafts(
-        self, seq: Sequence, drafts: list[int], got: Sampled, now: int, out: list[Outgoing]
-    ) -> None:
-        """A decode of [pending token, *drafts]: the executor drew its rows while they agreed
-        with the drafts (row j follows drafts[:j]). Each drawn token takes the usual path;
-        while it equals its draft, that draft's KV is already at the next position. The
-        first disagreement (or the row after the last draft) is the new pending token."""
-        seq.n_past += 1  # the pending token
-        seq.next_token = None
-        accepted = 0
-        for j, token in enumerate(got.tokens):
-            if not self._emit(seq, token, got.logprobs[j], now, out):
-                break  # it ended (end of generation, a stop string, its length)
-            if j == len(drafts) or token != drafts[j]:
-                break
-            seq.n_past += 1
-            accepted += 1
-            seq.next_token = None
-        rate = acceptance(accepted, len(drafts))
-        seq.spec_accept_ewma = smoothed(seq.spec_accept_ewma, rate)
-        self._accept.observe(rate)
-        if self.running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
-            self.runtime.seq_trim(seq.seq_id, seq.n_past)
-        self.metrics.spec_drafted_tokens_total += len(drafts)
-        self.metrics.spec_accepted_tokens_total += accepted
 
     def _recover(
         self, failure: Failure, rc: int, plan: Plan, seqs: tuple[Sequence, ...], out: list[Outgoing]

@@ -12,6 +12,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime.candidates import DeviceCandidates
 from uma_serve.core.runtime.grammar import Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory
 from uma_serve.core.runtime.model_info import ModelInfo
@@ -19,9 +20,6 @@ from uma_serve.core.runtime.params import RuntimeParams, Span
 
 # ggml's CPU backend: "0" sends every K-quant matmul through the per-row kernel
 DETERMINISTIC_ENV = ("GGML_CPU_TILED_MM", "0")
-# rows from which candidates are read as one gather: row by row costs ~3 us a row, the
-# gather ~30 us (its pointer checks), measured on a 2-core CPU
-BULK_ROWS = 12
 WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
 # only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
@@ -62,13 +60,6 @@ _STRLEN_ABORT = ll.ggml_abort_callback(ctypes.cast(ctypes.CDLL(None).strlen, cty
 _SILENT_LOG = ll.llama_log_callback(ctypes.cast(ctypes.CDLL(None).abs, ctypes.c_void_p).value)
 _ggml_log_set = ll.llama_cpp._lib.ggml_log_set  # libggml-base's, through libllama's handle
 _ggml_log_set.argtypes, _ggml_log_set.restype = [ll.llama_log_callback, ctypes.c_void_p], None
-
-
-_I32P, _F32P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
-
-
-def _address(pointer: Any) -> int:
-    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
 
 
 SPLIT_MODES = {
@@ -117,8 +108,7 @@ class Runtime(KvMemory):
         self._pieces: dict[int, bytes] = {}
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
-        self._cand_ids = np.zeros((0, params.device_top_k), dtype=np.int32)
-        self._cand_logits = np.zeros((0, params.device_top_k), dtype=np.float32)
+        self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
         log.info(
             "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
             self.model_name,
@@ -346,63 +336,9 @@ class Runtime(KvMemory):
 
     def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
-        unsorted (a row with fewer than k candidates is padded with logit -inf), copied into
-        the runtime's own buffers: valid until the next call.
-
-        llama.cpp keeps them in one buffer, an output row every ``n_vocab`` entries, outputs in
-        batch order: read as one numpy gather (8x faster at 64 rows than five ctypes calls a
-        row) when the first and last rows' pointers and counts say the layout is that one;
-        fewer rows than ``BULK_ROWS`` are read row by row, which costs them less."""
-        k = self.params.device_top_k
-        if self._cand_ids.shape[0] < len(rows):
-            self._cand_ids = np.zeros((len(rows), k), dtype=np.int32)
-            self._cand_logits = np.zeros((len(rows), k), dtype=np.float32)
-        ids, logits = self._cand_ids[: len(rows)], self._cand_logits[: len(rows)]
-        bulk = self._candidate_buffers(rows, k)
-        if bulk is not None:
-            all_ids, all_logits, out = bulk
-            ids[:], logits[:] = all_ids[out, :k], all_logits[out, :k]
-            return ids, logits
-        ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
-        for r, row in enumerate(rows):
-            n = min(ll.llama_get_sampled_candidates_count_ith(self.ctx, row), k)
-            src_ids = ll.llama_get_sampled_candidates_ith(self.ctx, row)
-            src_logits = ll.llama_get_sampled_logits_ith(self.ctx, row)
-            ctypes.memmove(ids_at + r * size, src_ids, n * 4)
-            ctypes.memmove(logits_at + r * size, src_logits, n * 4)
-            if n < k:
-                logits[r, n:] = -np.inf
-        return ids, logits
-
-    def _candidate_buffers(
-        self, rows: list[int], k: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Views on llama.cpp's candidate buffers as (outputs, n_vocab) arrays and each row's
-        output index; None unless both ends of ``rows`` are where that layout puts them."""
-        if len(rows) < BULK_ROWS:
-            return None
-        at = np.asarray(rows)
-        out = np.cumsum(self._logits[: int(at.max()) + 1], dtype=np.int64)[at] - 1
-        ends = (int(np.argmin(out)), int(np.argmax(out)))
-        pointers = []
-        for end in ends:
-            row = rows[end]
-            if ll.llama_get_sampled_candidates_count_ith(self.ctx, row) != k:
-                return None
-            pointers.append((_address(ll.llama_get_sampled_candidates_ith(self.ctx, row)),
-                             _address(ll.llama_get_sampled_logits_ith(self.ctx, row))))  # fmt: skip
-        stride = self.n_vocab * 4
-        first, last = (int(out[end]) for end in ends)
-        (ids0, logits0), (ids1, logits1) = pointers
-        if not ids0 or not logits0 or ids1 - ids0 != (last - first) * stride:
-            return None
-        if logits1 - logits0 != (last - first) * stride:
-            return None
-        shape = (last + 1, self.n_vocab)
-        base = first * stride
-        all_ids = np.ctypeslib.as_array(ctypes.cast(ids0 - base, _I32P), shape=shape)
-        all_logits = np.ctypeslib.as_array(ctypes.cast(logits0 - base, _F32P), shape=shape)
-        return all_ids, all_logits, out
+        unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
+        call."""
+        return self._candidates.read(self.ctx, rows, self._logits)
 
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
         """Detach (a request that needs its whole logits row) or re-attach a sequence's

@@ -79,3 +79,52 @@ def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(runtime) -> No
     text, end = got["n"]
     assert isinstance(end, p.EosEvent) and end.reason == "length"
     assert end.usage.completion_tokens == 16
+
+
+def conversation(overlap: bool) -> list[p.EosEvent]:
+    """Two turns of a chat through an engine with the prefix cache: the second re-sends the
+    first's prompt and answer, submitted as the first ends (on the engine's own thread)."""
+    params = RuntimeParams(
+        default_model_path(), n_ctx=4096, n_seq=2, n_seq_cache=2, swa_full=True, shadow=True
+    )
+    rt = Runtime(params)
+    first = "User: Name three colours.\nAssistant:"
+    finals: list[p.EosEvent] = []
+    texts: list[str] = []
+    done = threading.Event()
+    engine: Engine
+
+    def sink(batch):
+        for _, e in batch:
+            if isinstance(e, p.TokenEvent):
+                texts.append(e.text)
+            elif isinstance(e, p.EosEvent):
+                finals.append(e)
+                if len(finals) == 1:  # the client re-sends the history with its next turn
+                    history = first + "".join(texts) + "\nUser: And three more?\nAssistant:"
+                    turn = greedy("t2", history, max_tokens=12)
+                    engine.submit(Submission((1, "t2"), turn, rt.tokenize(history), 1))
+                else:
+                    done.set()
+
+    c = Constraints(n_batch=256, tick_budget_ms=1000.0)
+    engine = Engine(rt, BaselinePolicy(), c, sink, seed=1, prefix_cache_tokens=2048,
+                    prefix_cache_slots=2, overlap=overlap)  # fmt: skip
+    engine.submit(Submission((1, "t1"), greedy("t1", first, max_tokens=12), rt.tokenize(first), 0))
+    engine.start()
+    try:
+        assert done.wait(120), finals
+    finally:
+        engine.stop("test over")
+        engine.join(10)
+        rt.close()
+    return finals
+
+
+def test_a_conversation_turn_reuses_its_history_with_a_tick_in_flight() -> None:
+    """The next turn finds the first turn's prompt and answer in the prefix cache, which the
+    first stored while later ticks were in flight, and answers as without overlap."""
+    got, want = conversation(True), conversation(False)
+    assert got[1].usage.cached_tokens > got[0].usage.prompt_tokens
+    assert got[1].usage.cached_tokens == want[1].usage.cached_tokens
+    assert [e.usage.completion_tokens for e in got] == [e.usage.completion_tokens for e in want]

@@ -250,7 +250,7 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
     with rows asked out of order and one left out."""
     import llama_cpp as ll
 
-    from uma_serve.core.runtime.runtime import BULK_ROWS
+    from uma_serve.core.runtime.candidates import BULK_ROWS
 
     n_seq = BULK_ROWS + 4
     rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
@@ -264,7 +264,9 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
         # not every output row: a row's place in llama.cpp's buffer is not its place here
         wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (3, 2)]
         assert len(wanted) >= BULK_ROWS
-        assert rt._candidate_buffers(wanted, 64) is not None  # the gather, not the fallback
+        assert (
+            rt._candidates.buffers(rt.ctx, wanted, rt._logits) is not None
+        )  # the gather, not the fallback
         ids, logits = (a.copy() for a in rt.candidates(wanted))
         for i, row in enumerate(wanted):
             n = ll.llama_get_sampled_candidates_count_ith(rt.ctx, row)

@@ -205,3 +205,17 @@ def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
             sampler.release(state)
             queue.release(seq.seq_id)
     assert len(runtime.calls) == 1 and runtime.calls[0][1] is False, runtime.calls
+
+
+def test_descending_is_the_stable_order_by_logit() -> None:
+    """The draw's sort equals a stable sort by logit, largest first: ties keep their column
+    order, -0 ties with +0, -inf (padding) goes last."""
+    from uma_serve.core.sampling import descending
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        x = rng.standard_normal((5, 64)).astype(np.float32)
+        x[rng.random((5, 64)) < 0.3] = np.float32(1.5)  # ties
+        x[:, 5], x[:, 6], x[:, 7] = -0.0, 0.0, -np.inf
+        want = np.argsort(-x.astype(np.float64), axis=1, kind="stable")
+        assert (descending(x) == want).all()
