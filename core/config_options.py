@@ -33,6 +33,13 @@ class Config:
     )
     n_seq: int = option(4, "sequences decoded in parallel, like llama-server's --parallel")
     n_ctx: int = option(8192, "total KV cache size in tokens, shared by all sequences")
+    contexts: int = option(
+        0,
+        "llama.cpp contexts the model runs in, each with its share of n_seq and n_ctx, "
+        "stepped in turn (one's host work while the GPU computes another's tick) and filled "
+        "one after another (0: auto, with GPU layers and n_seq of 32 or more 2, else 1)",
+        least=0,
+    )
     n_batch: int = option(512, "logical batch: tokens per llama_decode at most")
     n_ubatch: int = option(512, "physical batch: tokens per compute graph")
     threads: int = option(0, "CPU threads for decode (0: all cores)")

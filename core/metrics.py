@@ -55,12 +55,32 @@ class Histogram:
         return p.Histogram(list(self.bounds), list(self.counts), self.sum, self.count)
 
 
+class StateGauges:
+    """Gauges of what one part of the engine holds (a scheduler: its sequences; a prefix
+    store: its entries), written by the engine thread; the exported gauge is their sum over
+    every part, so several contexts' schedulers each write their own."""
+
+    __slots__ = (
+        "active_sessions",
+        "waiting_sessions",
+        "kv_cells_used",
+        "prefix_cache_resident_tokens",
+        "prefix_cache_entries",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+
 class EngineMetrics:
     def __init__(self) -> None:
         self.started = time.time()
         defaults = p.MetricsSnapshot()  # each counter and gauge as the schema declares it
         for name in PLAIN:
-            setattr(self, name, getattr(defaults, name))
+            if name not in StateGauges.__slots__:
+                setattr(self, name, getattr(defaults, name))
+        self._parts: list[StateGauges] = []
         self.tokens_per_tick_decode = self.tokens_per_tick_prefill = 0
         self.requests_total = dict.fromkeys(END_REASONS, 0)
         self.bg_decoders_cap = 0
@@ -78,6 +98,12 @@ class EngineMetrics:
         parts = [Histogram(TICK_BUCKETS_MS) for _ in range(3)]  # a tick's
         self.tick_decode_ms, self.tick_sample_ms, self.tick_overlap_ms = parts
         self.request_max_tokens = Histogram(TOKEN_BUCKETS)
+
+    def state(self) -> StateGauges:
+        """A part's own state gauges, summed into the exported ones."""
+        part = StateGauges()
+        self._parts.append(part)
+        return part
 
     def record_tick(self, ms: float, n_decode: int, n_prefill: int, alpha: float = 0.2) -> None:
         self.decode_ms_last = ms
@@ -157,6 +183,13 @@ class EngineMetrics:
         )
         return msgspec.to_builtins(snap)
 
+
+def _summed(name: str) -> property:
+    return property(lambda self: sum(getattr(part, name) for part in self._parts))
+
+
+for _name in StateGauges.__slots__:
+    setattr(EngineMetrics, _name, _summed(_name))
 
 # snapshot fields computed or composed by EngineMetrics.snapshot (the rest are attributes)
 COMPOSED = frozenset(

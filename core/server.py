@@ -318,9 +318,9 @@ class CoreServer:
             id=rid,
             model=rt.model_name,
             model_path=rt.model_path,
-            n_ctx=rt.n_ctx,
+            n_ctx=sum(sh.runtime.n_ctx for sh in self.engine.shards),  # every context's
             n_ctx_per_seq=rt.n_ctx_per_seq,
-            n_seq=rt.params.n_seq,
+            n_seq=sum(sh.runtime.params.n_seq for sh in self.engine.shards),
             n_vocab=rt.n_vocab,
             chat_template=self.chat is not None,
             version=version("uma-serve"),

@@ -17,15 +17,18 @@ ended drops out of the batch. With speculative drafts the plan waits for the tok
 drafts continue. On a CPU, whose llama_decode computes the tick, a step launches and collects
 its own tick (``overlap`` off).
 
-The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
-which post to the ``Inbox`` under one Condition; the engine thread takes everything posted at
-once between ticks (and again after admitting, so requests that arrived meanwhile join the
-tick) and gets each tick's events to ``sink`` in one call. With no work the
-thread sleeps on the Condition: no polling, no fixed sleeps.
+The model may run in several llama.cpp contexts (``Shard``s: each its own sequences, KV
+cache, scheduler and tick in flight), stepped in turn: while the device computes one
+context's tick, the host collects, plans and launches the other's, llama_decode's own host
+work (the batch, the attention mask over the context's cells) included. A request goes to a
+context with room for it, the one that holds the most of its prompt, else the busiest: the
+contexts fill one after another.
 
-The inbox also holds the abort window, which the engine opens around the launch of a tick
-that no interactive request waits on (a long background tick, docs/POLICY.md "Quiet
-periods"): an interactive arrival then stops that decode at once instead of waiting for it.
+The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
+which post to the ``Inbox`` (inbox.py); the engine thread takes everything posted at once
+between ticks (and again after admitting, so requests that arrived meanwhile join the tick)
+and gets each tick's events to ``sink`` in one call. With no work the thread sleeps on the
+inbox's Condition: no polling, no fixed sleeps.
 """
 
 from __future__ import annotations
@@ -33,16 +36,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 import msgspec
 
 from uma_serve.core.engine.executor import Executor
+from uma_serve.core.engine.inbox import Cancel, CancelConnection, Inbox, Op
 from uma_serve.core.engine.nice import lower_current_thread
 from uma_serve.core.engine.scheduler import Scheduler
-from uma_serve.core.engine.sequence import RequestKey, Sequence, Submission
+from uma_serve.core.engine.sequence import RequestKey, Sequence as Seq, Submission
 from uma_serve.core.engine.tick import Batch, Launched, Outgoing, TickResult
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Policy
@@ -56,95 +58,37 @@ Sink = Callable[[list[Outgoing]], None]
 JOIN_ROUNDS = 4  # takes of late arrivals before a tick at most (each may admit some)
 
 
-class Cancel(msgspec.Struct, frozen=True, tag=True):
-    """Cancel one request (a client's cancel)."""
+class Shard:
+    """One llama.cpp context of the model and what runs in it: the scheduler of its
+    sequences, the executor of its ticks and the tick it has in flight."""
 
-    key: RequestKey
+    def __init__(self, runtime: RuntimeApi, scheduler: Scheduler, executor: Executor) -> None:
+        self.runtime = runtime
+        self.scheduler = scheduler
+        self.executor = executor
+        # the tick the device computes, and its items' sequences (the scheduler's launched)
+        self.inflight: tuple[Launched, tuple[Seq, ...]] | None = None
+        self.window_t0 = 0.0  # when its launch returned: host work since overlaps it
 
+    @property
+    def active(self) -> bool:
+        return bool(self.scheduler.running) or self.inflight is not None
 
-class CancelConnection(msgspec.Struct, frozen=True, tag=True):
-    """Cancel every request of a connection (it closed)."""
+    def busy(self) -> bool:
+        return self.inflight is not None or self.scheduler.busy()
 
-    conn_id: int
-
-
-# what the inbox carries besides the stop order: a tagged union, handled with ``match``
-Op = Submission | Cancel | CancelConnection
-
-
-class Inbox:
-    def __init__(self, abort: Callable[[], None], clear_abort: Callable[[], None]) -> None:
-        self._cond = threading.Condition()
-        self._items: deque[Op] = deque()
-        self._stop_reason: str | None = None
-        self._abort, self._clear_abort = abort, clear_abort
-        self._window_open = False
-        self._interactive_waiting = False  # an interactive arrival the engine has not taken
-
-    # ---- I/O thread ----
-
-    def post(self, op: Op, interactive: bool = False) -> None:
-        with self._cond:
-            self._items.append(op)
-            if interactive:
-                self._interactive_waiting = True
-                if self._window_open:
-                    self._abort()
-            self._cond.notify()
-
-    def stop(self, reason: str) -> None:
-        with self._cond:
-            self._stop_reason = reason
-            self._cond.notify()
-
-    # ---- engine thread ----
-
-    def take(
-        self, busy: Callable[[], bool], on_idle: Callable[[], None]
-    ) -> tuple[list[Op], str | None]:
-        """Everything posted so far and the stop reason (if any); sleeps while there is
-        nothing to take and ``busy()`` is false."""
-        with self._cond:
-            while not (self._items or self._stop_reason or busy()):
-                on_idle()
-                self._cond.wait()
-            return self._drain(), self._stop_reason
-
-    def take_ready(self) -> list[Op]:
-        """What was posted since the last take, without waiting (the stop order stays)."""
-        with self._cond:
-            return self._drain()
-
-    def _drain(self) -> list[Op]:  # under the lock
-        items = list(self._items)
-        self._items.clear()
-        self._interactive_waiting = False
-        return items
-
-    @contextmanager
-    def abort_window(self, abortable: bool) -> Iterator[None]:
-        """Around an abortable decode's launch: an interactive arrival not yet taken, or one
-        posted while it runs, aborts it."""
-        if not abortable:
-            yield
-            return
-        with self._cond:
-            self._window_open = True
-            if self._interactive_waiting:
-                self._abort()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._window_open = False
-                self._clear_abort()
+    def settle(self) -> None:
+        """Wait for a tick still in flight and drop it (a stop or a failure ends everything)."""
+        if self.inflight is not None:
+            self.inflight = None
+            self.runtime.synchronize()
 
 
 class Engine:
     def __init__(
         self,
-        runtime: RuntimeApi,
-        policy: Policy,
+        runtime: RuntimeApi | Sequence[RuntimeApi],
+        policy: Policy | Sequence[Policy],
         constraints: Constraints,
         sink: Sink,
         metrics: EngineMetrics | None = None,
@@ -155,33 +99,38 @@ class Engine:
         compute_nice: int = 0,
         overlap: bool = False,
     ) -> None:
-        """``overlap``: leave each tick in flight until the next step (a GPU computes after
-        llama_decode returns); on a CPU, whose llama_decode computes the tick, a step collects
-        its own tick: its tokens go out at once and nothing else contends with the compute
-        threads (measured: 3% of a lone stream's tokens/s on the 2-core CPU otherwise)."""
-        self.runtime = runtime
+        """``runtime``: one context of the model, or several (one ``policy`` each; the
+        prefix cache's tokens and slots are each context's). ``overlap``: leave each tick in
+        flight until the next step (a GPU computes after llama_decode returns); on a CPU,
+        whose llama_decode computes the tick, a step collects its own tick: its tokens go out
+        at once and nothing else contends with the compute threads (measured: 3% of a lone
+        stream's tokens/s on the 2-core CPU otherwise)."""
+        runtimes = list(runtime) if isinstance(runtime, list | tuple) else [runtime]
+        policies = list(policy) if isinstance(policy, list | tuple) else [policy]
+        assert len(policies) == len(runtimes), "one policy per context"
+        self.runtime = runtimes[0]
         self.sink = sink
         self.metrics = metrics or EngineMetrics()
-        self.metrics.kv_cells_total = runtime.n_ctx
+        self.metrics.kv_cells_total = sum(rt.n_ctx for rt in runtimes)
         self._compute_nice = compute_nice
-        self._inbox = Inbox(runtime.abort, runtime.clear_abort)
-        sampler = Sampler(runtime)
-        self.scheduler = Scheduler(
-            runtime,
-            policy,
-            constraints,
-            self.metrics,
-            sampler,
-            seed=seed,
-            reserved_interactive=reserved_interactive,
-            prefix_cache_tokens=prefix_cache_tokens,
-            prefix_cache_slots=prefix_cache_slots,
-        )
-        self.executor = Executor(runtime, sampler)
+        self._inbox = Inbox()
+        self.shards: list[Shard] = []
+        for i, (rt, pol) in enumerate(zip(runtimes, policies, strict=True)):
+            sampler = Sampler(rt)
+            sched = Scheduler(
+                rt,
+                pol,
+                constraints,
+                self.metrics,
+                sampler,
+                seed=None if seed is None else seed + i,
+                reserved_interactive=reserved_interactive,
+                prefix_cache_tokens=prefix_cache_tokens,
+                prefix_cache_slots=prefix_cache_slots,
+            )
+            self.shards.append(Shard(rt, sched, Executor(rt, sampler)))
+        self.scheduler = self.shards[0].scheduler  # the first context's (tests, estimates)
         self._overlap = overlap
-        # the tick the device computes, and its items' sequences (the scheduler's launched)
-        self._inflight: tuple[Launched, tuple[Sequence, ...]] | None = None
-        self._window_t0 = 0.0  # when its launch returned: host work since overlaps it
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     # ---- thread-safe API (called from the I/O thread) ----
@@ -194,7 +143,8 @@ class Engine:
         prompt's work is what the prefix cache does not hold: a conversation re-sends its
         history, and only the new turn is left to compute."""
         hashes = block_hashes(sub.prompt)
-        uncached = len(sub.prompt) - self.scheduler.cached_estimate(hashes)
+        cached = max(sh.scheduler.cached_estimate(hashes) for sh in self.shards)
+        uncached = len(sub.prompt) - cached
         chat = prompt_class(sub.request.qos, uncached, self.prompt_allowance()) == INTERACTIVE
         self._inbox.post(msgspec.structs.replace(sub, prompt_hashes=hashes), interactive=chat)
 
@@ -213,8 +163,8 @@ class Engine:
         return self.scheduler.prompt_allowance()
 
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
-        """Keep ``tokens``' KV resident for good (call before start)."""
-        return self.scheduler.pin_prefix(tokens, kv_path)
+        """Keep ``tokens``' KV resident for good in every context (call before start)."""
+        return [sh.scheduler.pin_prefix(tokens, kv_path) for sh in self.shards][0]
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -227,31 +177,43 @@ class Engine:
 
     def _run(self) -> None:
         lower_current_thread(self._compute_nice)  # llama.cpp's workers, started here, inherit it
-        sched = self.scheduler
         try:
             while True:
-                ops, stop = self._inbox.take(self._busy, sched.learner.idle)
+                ops, stop = self._inbox.take(self._busy, self._idle)
                 events = self._apply(ops)
                 if stop is not None:
-                    self._settle()
-                    self.sink(events + sched.drain(stop))
+                    for sh in self.shards:
+                        sh.settle()
+                        events += sh.scheduler.drain(stop)
+                    self.sink(events)
                     return
-                sched.admit()
+                self._admit()
                 events += self._join_arrivals()
                 if events:
                     self.sink(events)
-                if sched.running or self._inflight is not None:
-                    self.step()
-                if not sched.running and self._inflight is None:
-                    sched.release_ended()  # idle: nothing to overlap it with
+                for sh in self.shards:  # in turn: one's host work while another's tick computes
+                    if sh.active:
+                        self.step(sh)
+                for sh in self.shards:
+                    if not sh.active:
+                        sh.scheduler.release_ended()  # idle: nothing to overlap it with
         except Exception:
             log.exception("engine thread crashed")
-            self._settle()
-            self.sink(sched.drain("engine failure", reason="error"))
+            for sh in self.shards:
+                sh.settle()
+                self.sink(sh.scheduler.drain("engine failure", reason="error"))
             raise
 
     def _busy(self) -> bool:
-        return self._inflight is not None or self.scheduler.busy()
+        return any(sh.busy() for sh in self.shards)
+
+    def _idle(self) -> None:
+        for sh in self.shards:
+            sh.scheduler.learner.idle()
+
+    def _admit(self) -> None:
+        for sh in self.shards:
+            sh.scheduler.admit()
 
     def _join_arrivals(self) -> list[Outgoing]:
         """Requests that arrived while others were admitted join this tick. An admission costs
@@ -263,19 +225,21 @@ class Engine:
             if not ops:
                 break
             events += self._apply(ops)
-            self.scheduler.admit()
+            self._admit()
         return events
 
-    def step(self) -> None:
-        """One tick: plan the next one (while the device computes the one in flight, unless
-        its drafts need that one's tokens), collect the one in flight and send its events,
-        launch the next, let the learner learn the collected one. Without ``overlap`` no tick
-        is in flight at a step's start: it plans, launches and collects its own."""
-        sched = self.scheduler
+    def step(self, shard: Shard | None = None) -> None:
+        """One tick of a context: plan the next one (while the device computes the one in
+        flight, unless its drafts need that one's tokens), collect the one in flight and send
+        its events, launch the next, let the learner learn the collected one. Without
+        ``overlap`` no tick is in flight at a step's start: it plans, launches and collects
+        its own."""
+        sh = shard or self.shards[0]
+        sched = sh.scheduler
         try:
-            ahead = self._inflight is not None and sched.plans_ahead
+            ahead = sh.inflight is not None and sched.plans_ahead
             planned = sched.plan(ahead=True) if ahead and sched.running else None
-            done = self._collect()
+            done = self._collect(sh)
             if done is not None and done[1].failure is not None:
                 planned = None  # planned on a tick that did not happen
             if ahead and self._admit_late():
@@ -283,27 +247,27 @@ class Engine:
             if planned is None and sched.running:
                 planned = sched.plan()
             if planned is not None:
-                self._launch(sched.batch(planned))
+                self._launch(sh, sched.batch(planned))
             if done is not None:
                 sched.record(*done)
-            if not self._overlap and (done := self._collect()) is not None:
+            if not self._overlap and (done := self._collect(sh)) is not None:
                 sched.record(*done)  # nothing to overlap: the tick's tokens at once
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
-            self._settle()
+            sh.settle()
             self.sink(sched.fail_running("internal error in the engine tick"))
 
-    def _collect(self) -> tuple[Batch, TickResult] | None:
+    def _collect(self, sh: Shard) -> tuple[Batch, TickResult] | None:
         """The tick in flight: release finished sequences while the device computes, wait for
         it, sample, and send its tokens' events at once."""
-        inflight, self._inflight = self._inflight, None
+        inflight, sh.inflight = sh.inflight, None
         if inflight is None:
             return None
         launched, seqs = inflight
-        freed = self.scheduler.release_ended()
-        overlap_s = time.perf_counter() - self._window_t0
-        result = self.executor.collect(launched, overlap_s, freed > 0)
-        events = self.scheduler.advance(launched.batch, seqs, result)
+        freed = sh.scheduler.release_ended()
+        overlap_s = time.perf_counter() - sh.window_t0
+        result = sh.executor.collect(launched, overlap_s, freed > 0)
+        events = sh.scheduler.advance(launched.batch, seqs, result)
         if events:
             self.sink(events)
         return launched.batch, result
@@ -315,35 +279,50 @@ class Engine:
         if not ops:
             return False
         events = self._apply(ops)
-        self.scheduler.admit()
+        self._admit()
         events += self._join_arrivals()
         if events:
             self.sink(events)
         return True
 
-    def _launch(self, batch: Batch) -> None:
+    def _launch(self, sh: Shard, batch: Batch) -> None:
         if batch.empty:
             return
-        with self._inbox.abort_window(batch.abortable):
-            launched = self.executor.launch(batch)
-        self._inflight = launched, self.scheduler.launched(batch)
-        self._window_t0 = time.perf_counter()
+        with self._inbox.abort_window(batch.abortable, sh.runtime):
+            launched = sh.executor.launch(batch)
+        sh.inflight = launched, sh.scheduler.launched(batch)
+        sh.window_t0 = time.perf_counter()
 
-    def _settle(self) -> None:
-        """Wait for a tick still in flight and drop it (a stop or a failure ends everything)."""
-        if self._inflight is not None:
-            self._inflight = None
-            self.runtime.synchronize()
+    def _route(self, sub: Submission) -> Scheduler:
+        """The context for a new request: one with room for it, then the one holding the most
+        of its prompt (a conversation's history), then the busiest: contexts fill one after
+        another, so a few requests share one context, whose ticks the policy budgets
+        together (a second context's tick would lengthen every gap of a stream in the first:
+        two graphs where one carries both), and the next context takes what the first has
+        no room for."""
+        if len(self.shards) == 1:
+            return self.scheduler
+
+        def rank(sh: Shard) -> tuple[bool, int, int]:
+            s = sh.scheduler
+            return s.has_room(), s.cached_estimate(sub.prompt_hashes), s.load()
+
+        return max(self.shards, key=rank).scheduler
 
     def _apply(self, ops: list[Op]) -> list[Outgoing]:
         events: list[Outgoing] = []
-        sched = self.scheduler
         for op in ops:
             match op:
                 case Submission():
-                    sched.add(op)
+                    self._route(op).add(op)
                 case Cancel(key=key):
-                    events += sched.cancel(lambda s, k=key: s.key == k, "cancelled by client")
+                    for sh in self.shards:
+                        events += sh.scheduler.cancel(
+                            lambda s, k=key: s.key == k, "cancelled by client"
+                        )
                 case CancelConnection(conn_id=conn):
-                    events += sched.cancel(lambda s, c=conn: s.conn_id == c, "client disconnected")
+                    for sh in self.shards:
+                        events += sh.scheduler.cancel(
+                            lambda s, c=conn: s.conn_id == c, "client disconnected"
+                        )
         return events

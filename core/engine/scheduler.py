@@ -72,6 +72,7 @@ class Scheduler:
         self.policy = policy
         self.constraints = constraints
         self.metrics = metrics
+        self.gauges = metrics.state()  # its sequences, in the exported gauges
         self._sampler = sampler
         self._output = Output(runtime, metrics)
         self._rng = random.Random(seed)
@@ -109,7 +110,7 @@ class Scheduler:
             cached = self._prefix.cached_length(seq, self.running.values())
         seq.bulk_prompt = len(seq.prompt) - cached > self.prompt_allowance()
         self._queue.waiting.append(seq)
-        self.metrics.waiting_sessions = len(self._queue)
+        self.gauges.waiting_sessions = len(self._queue)
 
     def cancel(self, match: Match, detail: str) -> list[Outgoing]:
         """Idempotent: a request already finished or unknown is ignored."""
@@ -118,8 +119,16 @@ class Scheduler:
             self._finish(seq, "cancelled", now, out, detail)
         for seq in [s for s in self.running.values() if match(s)]:
             self._finish(seq, "cancelled", now, out, detail)
-        self.metrics.waiting_sessions = len(self._queue)
+        self.gauges.waiting_sessions = len(self._queue)
         return out
+
+    def load(self) -> int:
+        """Requests it holds, running or waiting."""
+        return len(self.running) + len(self._queue)
+
+    def has_room(self) -> bool:
+        """A free sequence id for one more request."""
+        return len(self._queue.free_ids) > len(self._queue)
 
     def busy(self) -> bool:
         """Work without new input: running requests, or one that can take a free sequence
@@ -144,8 +153,8 @@ class Scheduler:
             self._spec.start(seq)
             self.running[seq.seq_id] = seq
             self.metrics.queue_ms.observe((now - seq.arrival_ns) * 1e-6)
-        self.metrics.waiting_sessions = len(self._queue)
-        self.metrics.active_sessions = len(self.running)
+        self.gauges.waiting_sessions = len(self._queue)
+        self.gauges.active_sessions = len(self.running)
 
     def _suits(self, seq: Sequence) -> Callable[[int], bool] | None:
         """A constrained request takes a free id whose device top-k is off, others one whose
@@ -282,7 +291,7 @@ class Scheduler:
             self._spec.take(seq, drafts, got, lambda t, lp, s=seq: self._emit(s, t, lp, now, out))
             if self.running.get(seq.seq_id) is seq:  # the KV beyond the accepted run goes
                 self.runtime.seq_trim(seq.seq_id, seq.n_past)
-        self.metrics.kv_cells_used = sum(s.n_past for s in self.running.values())
+        self.gauges.kv_cells_used = sum(s.n_past for s in self.running.values())
 
     def _recover(
         self, failure: Failure, rc: int, plan: Plan, seqs: tuple[Sequence, ...], out: list[Outgoing]
@@ -346,8 +355,8 @@ class Scheduler:
         if seq.seq_id >= 0 and self.running.pop(seq.seq_id, None) is seq:
             self._ended.append((seq, reason))
         self._sampler.release(seq.sampler)
-        self.metrics.active_sessions = len(self.running)
-        self.metrics.kv_cells_used = sum(s.n_past for s in self.running.values())
+        self.gauges.active_sessions = len(self.running)
+        self.gauges.kv_cells_used = sum(s.n_past for s in self.running.values())
 
     def release_ended(self) -> int:
         """Cache finished sequences' prefixes, free their KV and ids; how many. Run after the
@@ -370,5 +379,5 @@ class Scheduler:
             self._finish(seq, reason, now, out, detail)
         self.release_ended()
         self._queue.waiting.clear()
-        self.metrics.waiting_sessions = 0
+        self.gauges.waiting_sessions = 0
         return out

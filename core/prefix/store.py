@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from uma_serve.core.metrics import EngineMetrics
+from uma_serve.core.metrics import EngineMetrics, StateGauges
 from uma_serve.core.policy import Constraints
 from uma_serve.core.prefix.index import BLOCK, Entry, PrefixIndex, common_prefix
 from uma_serve.core.runtime import Span
@@ -64,6 +64,7 @@ class PrefixStore:
         self.runtime = runtime
         self._prefix = index
         self.metrics = metrics
+        self.gauges = metrics.state()  # its entries, in the exported gauges
         self.n_batch = n_batch
         self.hold_ns = int(hold_ms * 1e6)
 
@@ -195,7 +196,7 @@ class PrefixStore:
             self.runtime.seq_clear(cache_id)
         if plan.entry is not None:
             self.runtime.seq_copy(seq_id, plan.entry.cache_id, len(plan.entry))
-        _show_size(self.metrics, self._prefix)
+        _show_size(self.gauges, self._prefix)
 
     def can_evict(self) -> bool:
         """Whether evict_for_room would free anything (an entry that is not pinned)."""
@@ -209,7 +210,7 @@ class PrefixStore:
             return False
         for cache_id in ids:
             self.runtime.seq_clear(cache_id)
-        _show_size(self.metrics, self._prefix)
+        _show_size(self.gauges, self._prefix)
         self.metrics.prefix_cache_evictions_total += 1
         return True
 
@@ -233,7 +234,7 @@ class PrefixStore:
             _prefill(self.runtime, cid, tokens, self.n_batch)
             if kv_path:
                 self.runtime.seq_save(kv_path, cid, tokens)
-        _show_size(self.metrics, self._prefix)
+        _show_size(self.gauges, self._prefix)
         return status
 
 
@@ -250,6 +251,7 @@ class SnapshotStore:
         self.runtime = runtime
         self._prefix = index
         self.metrics = metrics
+        self.gauges = metrics.state()  # its entries, in the exported gauges
         self._kv: dict[int, bytes] = {}  # entry id -> its sequence state
 
     def reuse(self, seq: Prompted, running: Iterable[Prompted] = ()) -> Reused:
@@ -298,7 +300,7 @@ class SnapshotStore:
             if len(plan.entry) < len(tokens):
                 self.runtime.seq_trim(seq_id, len(plan.entry))
             self._kv[plan.entry.cache_id] = self.runtime.seq_state(seq_id)
-        _show_size(self.metrics, self._prefix)
+        _show_size(self.gauges, self._prefix)
 
     def can_evict(self) -> bool:
         """Entries hold no KV cells: dropping them frees none."""
@@ -328,14 +330,14 @@ class SnapshotStore:
                 rt.seq_save(kv_path, 0, tokens)
         self._kv[entry.cache_id] = rt.seq_state(0)
         rt.clear_all()
-        _show_size(self.metrics, self._prefix)
+        _show_size(self.gauges, self._prefix)
         return status
 
 
-def _show_size(metrics: EngineMetrics, index: PrefixIndex) -> None:
+def _show_size(gauges: StateGauges, index: PrefixIndex) -> None:
     """The cache's size in the metrics, after any change to its entries."""
-    metrics.prefix_cache_resident_tokens = index.resident_tokens
-    metrics.prefix_cache_entries = len(index.entries)
+    gauges.prefix_cache_resident_tokens = index.resident_tokens
+    gauges.prefix_cache_entries = len(index.entries)
 
 
 def _prefill(runtime: RuntimeApi, seq_id: int, tokens: list[int], n_batch: int) -> None:

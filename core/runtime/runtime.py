@@ -78,17 +78,21 @@ class Runtime(KvMemory):
     """One model, one context, one batch. Not thread-safe: the engine thread drives decode;
     tokenize/detokenize only read the vocab and may run on another thread."""
 
-    def __init__(self, params: RuntimeParams) -> None:
+    def __init__(self, params: RuntimeParams, model_of: Runtime | None = None) -> None:
+        """``model_of``: a runtime whose loaded model this one's context shares (another
+        context of the same weights; that runtime frees the model, after this one)."""
         self.params = params
         path = Path(params.model_path)
         if not path.is_file():
             raise FileNotFoundError(f"model file not found: {path}")
         ll.llama_backend_init()
-        self.model = self._load_model(path, params)
+        self._owns_model = model_of is None
+        self.model = self._load_model(path, params) if model_of is None else model_of.model
         cparams = self._context_params(params)
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
-            ll.llama_model_free(self.model)
+            if self._owns_model:
+                ll.llama_model_free(self.model)
             raise RuntimeError("llama.cpp could not create a context (n_ctx too large?)")
         _abort_flags.append(self._abort)
         # start-up's messages are logged; past it ggml's only at debug level (llama.cpp's always)
@@ -365,7 +369,8 @@ class Runtime(KvMemory):
             for chain in self._top_k_chains:
                 if chain is not None:
                     ll.llama_sampler_free(chain)
-            ll.llama_model_free(self.model)
+            if self._owns_model:
+                ll.llama_model_free(self.model)
             self.ctx = None
             if self._abort in _abort_flags:
                 _abort_flags.remove(self._abort)

@@ -15,7 +15,8 @@ from uma_serve.core.metrics import PLAIN, EngineMetrics, metrics_table
 
 def test_the_snapshot_is_the_declared_struct() -> None:
     m = EngineMetrics()
-    m.kv_cells_total, m.kv_cells_used = 100, 25
+    m.kv_cells_total = 100
+    m.state().kv_cells_used, m.state().kv_cells_used = 15, 10  # two contexts' sequences
     m.observe_ttft("interactive", 12.0)
     m.requests_total["stop"] += 1
     m.observe_request(12, 3, 16)

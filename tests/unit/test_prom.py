@@ -46,7 +46,7 @@ def busy_engine() -> EngineMetrics:
     engine.observe_request(7, 3, 16)
     engine.record_tick(25.0, 2, 5)
     engine.requests_total["stop"] += 1
-    engine.kv_cells_used, engine.kv_cells_total = 5, 10
+    engine.state().kv_cells_used, engine.kv_cells_total = 5, 10
     engine.tick_budget_ms_last = 50.0
     return engine
 

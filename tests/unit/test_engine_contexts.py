@@ -1,0 +1,111 @@
+"""Several llama.cpp contexts of one model (the engine's shards), on fake runtimes: each
+context runs only its own requests and they are stepped in turn, a new request goes where
+there is room and then to the busier context (they fill one after another), a conversation's
+next turn to the context holding its history, a cancel finds its request wherever it runs,
+and the state gauges add up every context's."""
+
+from __future__ import annotations
+
+import threading
+
+from test_engine_fake_runtime import FakeRuntime
+
+from uma_serve.core import protocol as p
+from uma_serve.core.engine import Engine, Submission
+from uma_serve.core.policy import BaselinePolicy, Constraints
+
+
+class Logged(FakeRuntime):
+    """Logs its decodes (name, sequence ids) in a list it shares with its sibling."""
+
+    def __init__(self, name: str, log: list, n_seq: int = 2) -> None:
+        super().__init__(n_seq)
+        self.name, self.log = name, log
+
+    def decode(self, spans):
+        self.log.append((self.name, tuple(s.seq_id for s in spans)))
+        return super().decode(spans)
+
+
+def two_contexts(events: list, done: threading.Event, finals: int, n_seq: int = 2, **kw):
+    log: list = []
+    rts = [Logged("a", log, n_seq), Logged("b", log, n_seq)]
+
+    def sink(batch):
+        events.extend(batch)
+        if sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in events) >= finals:
+            done.set()
+
+    c = Constraints(n_batch=64, tick_budget_ms=50.0)
+    pols = [BaselinePolicy(), BaselinePolicy()]
+    return Engine(rts, pols, c, sink, seed=1, overlap=True, **kw), log
+
+
+def gen(rid: str, n: int = 6) -> p.Generate:
+    return p.Generate(id=rid, prompt="x", max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def test_requests_fill_the_contexts_in_turn_and_each_decodes_only_its_own() -> None:
+    events: list = []
+    done = threading.Event()
+    engine, log = two_contexts(events, done, 4)
+    for i in range(4):
+        engine.submit(Submission((1, f"r{i}"), gen(f"r{i}"), [1, 2, 3], i))
+    engine.start()
+    assert done.wait(10)
+    engine.stop("test over")
+    engine.join(5)
+    toks = {e.id: e.token_id for _, e in events if isinstance(e, p.TokenEvent)}
+    assert len(toks) == 4  # every request ran
+    ends = [e for _, e in events if isinstance(e, p.EosEvent)]
+    assert sorted(e.reason for e in ends) == ["length"] * 4
+    assert all(e.usage.completion_tokens == 6 for e in ends)
+    by_ctx = {name: {i for n, ids in log if n == name for i in ids} for name in "ab"}
+    assert by_ctx["a"] == {0, 1} and by_ctx["b"] == {0, 1}  # two requests in each
+    names = [n for n, _ in log]
+    assert any(names[i : i + 2] == ["a", "b"] for i in range(len(names) - 1))  # in turn
+
+
+def test_a_new_request_goes_to_a_context_with_room_the_busier_first() -> None:
+    events: list = []
+    engine, _ = two_contexts(events, threading.Event(), 3, n_seq=2)
+    a, b = (sh.scheduler for sh in engine.shards)
+    b.add(Submission((1, "x0"), gen("x0"), [1, 2, 3], 0))
+    b.admit()
+    sub = Submission((1, "n"), gen("n"), [4, 5, 6], 3)
+    assert engine._route(sub) is b  # room in both: the busier one
+    b.add(sub)
+    b.admit()
+    assert engine._route(Submission((1, "m"), gen("m"), [7], 4)) is a  # b is full
+    assert engine.metrics.active_sessions == 2  # every context's sequences
+
+
+def test_a_cancel_reaches_the_request_in_whichever_context_runs_it() -> None:
+    events: list = []
+    done = threading.Event()
+    engine, _ = two_contexts(events, done, 2)
+    engine.submit(Submission((1, "long0"), gen("long0", 10_000), [1, 2, 3], 0))
+    engine.submit(Submission((1, "long1"), gen("long1", 10_000), [1, 2, 3], 1))
+    engine.start()
+    for rid in ("long1", "long0"):
+        engine.cancel((1, rid))
+    assert done.wait(10)
+    engine.stop("test over")
+    engine.join(5)
+    finals = {e.id: e.reason for _, e in events if isinstance(e, p.EosEvent)}
+    assert finals == {"long0": "cancelled", "long1": "cancelled"}
+    assert {len(sh.scheduler.running) for sh in engine.shards} == {0}
+
+
+def test_a_conversations_next_turn_goes_to_the_context_holding_its_history() -> None:
+    """Where both have room, the prompt's cached prefix outranks the load."""
+    events: list = []
+    engine, _ = two_contexts(events, threading.Event(), 1, n_seq=3)
+    a, b = (sh.scheduler for sh in engine.shards)
+    for i in range(2):  # b runs more than a
+        b.add(Submission((1, f"x{i}"), gen(f"x{i}"), [1, 2, 3], i))
+        b.admit()
+    turn = Submission((1, "t"), gen("t"), list(range(40)), 5)
+    assert engine._route(turn) is b
+    a.cached_estimate = lambda hashes: 32  # type: ignore[method-assign]  # its history
+    assert engine._route(turn) is a
