@@ -37,7 +37,8 @@ class Config:
         0,
         "llama.cpp contexts the model runs in, each with its share of n_seq and n_ctx, "
         "stepped in turn (one's host work while the GPU computes another's tick) and filled "
-        "one after another (0: auto, with GPU layers and n_seq of 32 or more 2, else 1)",
+        "one after another (0: auto: with GPU layers and n_seq of 32 or more, one per 16 "
+        "sequences, at most 4, for a model file of 2 GiB or less, else 2; otherwise 1)",
         least=0,
     )
     n_batch: int = option(512, "logical batch: tokens per llama_decode at most")

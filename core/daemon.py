@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -85,14 +86,32 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
     )
 
 
-def n_contexts(config: cfg.Config, on_gpu: bool) -> int:
-    """--contexts, auto resolved: on a GPU two from 32 sequences up (they fill one after
-    another: up to half of them run as in one context), else one (a CPU's decode computes the
-    tick: nothing to overlap). H100, 64 streams over the socket: Gemma 3 270M 4,300-5,000 ->
-    5,400-6,500 tok/s; Llama-3.1-8B's shape 2,962 -> 3,135, where four contexts lost 10% (each
-    context's tick reads all the weights again)."""
-    n = config.contexts or (2 if on_gpu and config.n_seq >= 32 else 1)
-    return max(1, min(n, config.n_seq))
+SMALL_MODEL_BYTES = 2 << 30  # weights a GPU reads again per extra context, cheaply (below)
+
+
+def n_contexts(config: cfg.Config, on_gpu: bool, model_bytes: int) -> int:
+    """--contexts, auto resolved. On a GPU from 32 sequences up: one context per 16
+    sequences (four at most) for a model of 2 GiB or less, else two; one otherwise (a CPU's
+    decode computes the tick: nothing to overlap). Contexts fill one after another, so up to
+    a context's size requests run as in one. Each context's tick reads all the weights again:
+    64 streams on an H100 over the socket, tok/s with 1 / 2 / 4 contexts: Gemma 3 270M
+    (0.24 GiB) 4,400-5,200 / 5,400-6,800 / 6,900-7,300; Gemma-3-1B's shape (0.9 GiB)
+    3,700-4,800 / 4,800-5,900 / 5,900-6,200; 4B's (2.0 GiB) 3,300-3,400 / 3,850-3,900 /
+    3,800; Llama-3.1-8B's (4.8 GiB) 2,962 / 3,135 / 2,653."""
+    if config.contexts:
+        return max(1, min(config.contexts, config.n_seq))
+    if not on_gpu or config.n_seq < 32:
+        return 1
+    return min(4, config.n_seq // 16) if model_bytes <= SMALL_MODEL_BYTES else 2
+
+
+def model_bytes(path: str) -> int:
+    """The GGUF file's size: its weights, known before they load (0: no such file; the
+    runtime reports it)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def context_share(params: RuntimeParams, n: int, i: int) -> RuntimeParams:
@@ -131,7 +150,8 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     faults = Faults.from_env()
     if faults.any:
         log.warning("fault injection on (tests only): %s", faults)
-    params, n = runtime_params(config, sampler, spec_draft), n_contexts(config, on_gpu)
+    params = runtime_params(config, sampler, spec_draft)
+    n = n_contexts(config, on_gpu, model_bytes(params.model_path))
     runtime = Runtime(context_share(params, n, 0))
     runtimes = [runtime] + [Runtime(context_share(params, n, i), runtime) for i in range(1, n)]
     if n > 1:
