@@ -305,7 +305,7 @@ class Engine:
 
         def rank(sh: Shard) -> tuple[bool, int, int]:
             s = sh.scheduler
-            return s.has_room(), s.cached_estimate(sub.prompt_hashes), s.load()
+            return s.has_room(sub), s.cached_estimate(sub.prompt_hashes), s.load()
 
         return max(self.shards, key=rank).scheduler
 

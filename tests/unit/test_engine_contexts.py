@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+import msgspec
 from test_engine_fake_runtime import FakeRuntime
 
 from uma_serve.core import protocol as p
@@ -21,6 +22,7 @@ class Logged(FakeRuntime):
     def __init__(self, name: str, log: list, n_seq: int = 2) -> None:
         super().__init__(n_seq)
         self.name, self.log = name, log
+        self.n_ctx_per_seq = 1 << 20  # no request ends by the context's length here
 
     def decode(self, spans):
         self.log.append((self.name, tuple(s.seq_id for s in spans)))
@@ -84,8 +86,8 @@ def test_a_cancel_reaches_the_request_in_whichever_context_runs_it() -> None:
     events: list = []
     done = threading.Event()
     engine, _ = two_contexts(events, done, 2)
-    engine.submit(Submission((1, "long0"), gen("long0", 10_000), [1, 2, 3], 0))
-    engine.submit(Submission((1, "long1"), gen("long1", 10_000), [1, 2, 3], 1))
+    engine.submit(Submission((1, "long0"), gen("long0", 1_000_000), [1, 2, 3], 0))
+    engine.submit(Submission((1, "long1"), gen("long1", 1_000_000), [1, 2, 3], 1))
     engine.start()
     for rid in ("long1", "long0"):
         engine.cancel((1, rid))
@@ -109,3 +111,16 @@ def test_a_conversations_next_turn_goes_to_the_context_holding_its_history() -> 
     assert engine._route(turn) is b
     a.cached_estimate = lambda hashes: 32  # type: ignore[method-assign]  # its history
     assert engine._route(turn) is a
+
+
+def test_background_work_goes_where_an_id_beyond_the_reserved_ones_is_free() -> None:
+    """A context whose only free id is kept for chat turns has no room for background work:
+    it goes to the other, where it can start at once, while a chat turn may take that id."""
+    events: list = []
+    engine, _ = two_contexts(events, threading.Event(), 1, n_seq=2, reserved_interactive=1)
+    a, b = (sh.scheduler for sh in engine.shards)
+    a.add(Submission((1, "x"), gen("x"), [1, 2, 3], 0))
+    a.admit()  # a: one id left, the reserved one
+    bg = msgspec.structs.replace(gen("bg"), qos="background")
+    assert engine._route(Submission((1, "bg"), bg, [4, 5, 6], 1)) is b
+    assert engine._route(Submission((1, "c"), gen("c"), [7, 8], 2)) is a  # busier, room
