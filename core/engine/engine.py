@@ -129,9 +129,13 @@ class Engine:
                 prefix_cache_slots=prefix_cache_slots,
             )
             self.shards.append(Shard(rt, sched, Executor(rt, sampler)))
-        self.scheduler = self.shards[0].scheduler  # the first context's (tests, estimates)
         self._overlap = overlap
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The first context's scheduler (its tick-time model sizes a chat turn's prompt)."""
+        return self.shards[0].scheduler
 
     # ---- thread-safe API (called from the I/O thread) ----
 
@@ -164,7 +168,8 @@ class Engine:
 
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:
         """Keep ``tokens``' KV resident for good in every context (call before start)."""
-        return [sh.scheduler.pin_prefix(tokens, kv_path) for sh in self.shards][0]
+        statuses = [sh.scheduler.pin_prefix(tokens, kv_path) for sh in self.shards]
+        return statuses[0]  # each context holds its own copy; the first one's status
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -228,13 +233,12 @@ class Engine:
             self._admit()
         return events
 
-    def step(self, shard: Shard | None = None) -> None:
+    def step(self, sh: Shard) -> None:
         """One tick of a context: plan the next one (while the device computes the one in
         flight, unless its drafts need that one's tokens), collect the one in flight and send
         its events, launch the next, let the learner learn the collected one. Without
         ``overlap`` no tick is in flight at a step's start: it plans, launches and collects
         its own."""
-        sh = shard or self.shards[0]
         sched = sh.scheduler
         try:
             ahead = sh.inflight is not None and sched.plans_ahead
@@ -305,7 +309,8 @@ class Engine:
 
         def rank(sh: Shard) -> tuple[bool, int, int]:
             s = sh.scheduler
-            return s.has_room(sub), s.cached_estimate(sub.prompt_hashes), s.load()
+            cached = s.cached_estimate(sub.prompt_hashes)
+            return s.has_room(sub, cached), cached, s.load()
 
         return max(self.shards, key=rank).scheduler
 

@@ -36,7 +36,7 @@ from uma_serve.core.engine.waiting import WaitingQueue
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, Phase, Plan, Policy, SchedulerState
 from uma_serve.core.policy.pipeline import PolicyPipeline
-from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE, prompt_allowance
+from uma_serve.core.policy.work import INTERACTIVE, prompt_allowance, prompt_class
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
 from uma_serve.core.sampling import Sampler
@@ -126,13 +126,13 @@ class Scheduler:
         """Requests it holds, running or waiting."""
         return len(self.running) + len(self._queue)
 
-    def has_room(self, sub: Submission) -> bool:
-        """A free sequence id ``sub`` could take: a chat turn any, other work one beyond those
-        kept for chat turns (waiting.py)."""
-        uncached = len(sub.prompt) - self.cached_estimate(sub.prompt_hashes)
-        chat = sub.request.qos != BACKGROUND and uncached <= self.prompt_allowance()
+    def has_room(self, sub: Submission, cached: int) -> bool:
+        """A free sequence id ``sub`` could take (``cached``: its prompt's tokens this
+        scheduler's prefix cache holds): a chat turn any, other work one beyond those kept
+        for chat turns (waiting.py)."""
+        work = prompt_class(sub.request.qos, len(sub.prompt) - cached, self.prompt_allowance())
         free = len(self._queue.free_ids) - len(self._queue)
-        return free > (0 if chat else self._queue.reserved)
+        return free > (0 if work == INTERACTIVE else self._queue.reserved)
 
     def busy(self) -> bool:
         """Work without new input: running requests, or one that can take a free sequence

@@ -85,7 +85,7 @@ def test_a_new_request_goes_to_a_context_with_room_the_busier_first() -> None:
 def test_a_cancel_reaches_the_request_in_whichever_context_runs_it() -> None:
     events: list = []
     done = threading.Event()
-    engine, _ = two_contexts(events, done, 2)
+    engine, _ = two_contexts(events, done, 2, n_seq=1)  # one request in each context
     engine.submit(Submission((1, "long0"), gen("long0", 1_000_000), [1, 2, 3], 0))
     engine.submit(Submission((1, "long1"), gen("long1", 1_000_000), [1, 2, 3], 1))
     engine.start()
