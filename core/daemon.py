@@ -115,10 +115,18 @@ def model_bytes(path: str) -> int:
 
 
 def context_share(params: RuntimeParams, n: int, i: int) -> RuntimeParams:
-    """Context ``i`` of ``n``: its share of the sequences, their cells and the cache ids."""
+    """Context ``i`` of ``n``: its share of the sequences, their cells and the cache ids.
+    Several contexts on a GPU launch their decodes on their own threads: while one's
+    llama_decode builds its batch and mask there, the engine thread works for the others."""
     seqs = params.n_seq // n + (i < params.n_seq % n)
     cache = params.n_seq_cache // n + (i < params.n_seq_cache % n)
-    return replace(params, n_seq=seqs, n_ctx=params.n_ctx * seqs // params.n_seq, n_seq_cache=cache)
+    return replace(
+        params,
+        n_seq=seqs,
+        n_ctx=params.n_ctx * seqs // params.n_seq,
+        n_seq_cache=cache,
+        launch_thread=n > 1 and gpu_offload(params.n_gpu_layers),
+    )
 
 
 def constraints(config: cfg.Config, facts: ModelFacts) -> Constraints:

@@ -58,6 +58,7 @@ class FailingDecode:
         self._runtime = runtime
         self._marker = marker.encode()
         self._held: dict[int, list[int]] = {}  # seq_id -> its tokens, by position
+        self._rc = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runtime, name)
@@ -70,6 +71,15 @@ class FailingDecode:
         if any(self._marker in self._text(s.seq_id) for s in spans):
             return DECODE_FAIL_RC, [-1] * len(spans)
         return self._runtime.decode(spans)
+
+    def launch(self, spans: list[Span], on_thread: bool = False) -> list[int]:
+        """Decodes here, not on a launch thread (the faults need no overlap)."""
+        self._rc, rows = self.decode(spans)
+        return rows
+
+    def synchronize(self) -> int:
+        self._runtime.synchronize()
+        return self._rc
 
     def _text(self, seq_id: int) -> bytes:
         return b"".join(self._runtime.piece(t) for t in self._held.get(seq_id, ()))

@@ -25,18 +25,19 @@ class Executor:
         self.runtime = runtime
         self.sampler = sampler
 
-    def launch(self, batch: Batch) -> Launched:
-        """Start the batch's llama_decode (a CPU computes it here, a GPU after it returns)."""
+    def launch(self, batch: Batch, on_thread: bool = False) -> Launched:
+        """Start the batch's llama_decode (a CPU computes it here, a GPU after it returns;
+        ``on_thread``: on the runtime's launch thread, while this one works for others)."""
         t0 = time.perf_counter()
-        rc, rows = self.runtime.decode(list(batch.spans))
-        return Launched(batch, rc, tuple(rows), t0)
+        rows = self.runtime.launch(list(batch.spans), on_thread)
+        return Launched(batch, tuple(rows), t0)
 
     def collect(self, launched: Launched, overlap_s: float, freed: bool) -> TickResult:
         """Wait for the device, then sample. ``overlap_s``: the host work done since the
         launch, which is not the tick's; ``freed``: it freed finished sequences' KV (a decode
         that found no slot is then retried)."""
-        batch, rc, t0 = launched.batch, launched.rc, launched.t0
-        self.runtime.synchronize()  # the tick's time includes the device's work
+        batch, t0 = launched.batch, launched.t0
+        rc = self.runtime.synchronize()  # the tick's time includes the device's work
         t1 = time.perf_counter()
         ms = (t1 - t0 - overlap_s) * 1e3
         overlap_ms = overlap_s * 1e3

@@ -71,7 +71,6 @@ class Launched:
     """A decode on its way: the executor's handle between launch and collect."""
 
     batch: Batch
-    rc: int  # llama_decode's return code
     rows: tuple[int, ...]  # each span's first logits row (-1: none)
     t0: float  # perf_counter at the launch
 

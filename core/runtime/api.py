@@ -35,7 +35,15 @@ class RuntimeApi(Protocol):
         """One llama_decode over the spans: its rc and each span's logits row (-1: none)."""
         ...
 
-    def synchronize(self) -> None: ...
+    def launch(self, spans: list[Span], on_thread: bool = False) -> list[int]:
+        """``decode`` started (``on_thread``: on the runtime's launch thread, if it has one):
+        each span's logits row."""
+        ...
+
+    def synchronize(self) -> int:
+        """Wait for the last launch and the device: the launch's rc."""
+        ...
+
     def abort(self) -> None:
         """Stop a running decode (any thread); it returns rc 2."""
         ...

@@ -5,11 +5,30 @@ sliding-window layers' cells a prefix reuse needs: core/runtime/runtime.py)."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import llama_cpp as ll
 
 from uma_serve.core.runtime.params import RuntimeParams
+
+P = ParamSpec("P")
+R = TypeVar("R")
+K = TypeVar("K", bound="KvMemory")
+
+
+def landed(method: Callable[Concatenate[K, P], R]) -> Callable[Concatenate[K, P], R]:
+    """A call on the context: it first waits for a decode on the launch thread to return
+    (llama.cpp's context is not thread-safe; the order of calls is kept)."""
+
+    @functools.wraps(method)
+    def call(self: K, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._pending is not None:
+            self._landed()
+        return method(self, *args, **kwargs)
+
+    return call
 
 
 class KvMemory:
@@ -20,19 +39,25 @@ class KvMemory:
     params: RuntimeParams
     _n_ids: int
     _shadowed: list[int]
+    _pending: Any  # a decode on the launch thread, not yet returned (runtime.py)
 
+    def _landed(self) -> int: ...
+
+    @landed
     def seq_clear(self, seq_id: int) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
         if self.params.shadow:
             ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, -1, -1)
             self._shadowed[seq_id] = 0
 
+    @landed
     def seq_trim(self, seq_id: int, from_pos: int) -> None:
         ll.llama_memory_seq_rm(self.memory, seq_id, from_pos, -1)
         if self.params.shadow:
             ll.llama_memory_seq_rm(self.memory, seq_id + self._n_ids, from_pos, -1)
             self._shadowed[seq_id] = min(self._shadowed[seq_id], from_pos)
 
+    @landed
     def seq_copy(self, src: int, dst: int, n: int) -> None:
         """Positions [0, n) of ``src`` also become ``dst``'s. In a unified KV cache this tags
         the same cells with one more sequence id: no copy, no compute."""
@@ -41,12 +66,14 @@ class KvMemory:
             ll.llama_memory_seq_cp(self.memory, src, dst + self._n_ids, 0, n)
             self._shadowed[dst] = max(self._shadowed[dst], n)
 
+    @landed
     def seq_save(self, path: str, seq_id: int, tokens: list[int]) -> bool:
         """Write one sequence's KV (and its token list) to ``path``."""
         arr = (ll.llama_token * len(tokens))(*tokens)
         n = ll.llama_state_seq_save_file(self.ctx, path.encode(), seq_id, arr, len(tokens))
         return n > 0
 
+    @landed
     def seq_load(self, path: str, seq_id: int, capacity: int) -> list[int] | None:
         """Read a sequence saved by seq_save into ``seq_id``; its tokens, or None."""
         arr = (ll.llama_token * capacity)()
@@ -62,6 +89,7 @@ class KvMemory:
             self._shadowed[seq_id] = len(tokens)
         return tokens
 
+    @landed
     def seq_state(self, seq_id: int) -> bytes:
         """One sequence's KV cells (positions and K/V of every layer) as bytes."""
         size = ll.llama_state_seq_get_size(self.ctx, seq_id)
@@ -71,6 +99,7 @@ class KvMemory:
         )
         return bytes(memoryview(buf)[:n])
 
+    @landed
     def seq_restore(self, seq_id: int, data: bytes) -> bool:
         """Put bytes from seq_state back as ``seq_id``'s cells: one contiguous run of cells
         from the first free one that fits, in position order."""
@@ -83,13 +112,16 @@ class KvMemory:
             self._shadowed[seq_id] = n
         return True
 
+    @landed
     def clear_all(self) -> None:
         """Free every cell of every sequence (metadata only: the next writes overwrite)."""
         ll.llama_memory_clear(self.memory, False)
         self._shadowed = [0] * self._n_ids
 
+    @landed
     def seq_pos_max(self, seq_id: int) -> int:
         return ll.llama_memory_seq_pos_max(self.memory, seq_id)
 
+    @landed
     def seq_pos_min(self, seq_id: int) -> int:
         return ll.llama_memory_seq_pos_min(self.memory, seq_id)

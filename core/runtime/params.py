@@ -38,6 +38,9 @@ class RuntimeParams:
     # size: with every decode kept within 2..63 tokens by the caller, a position's logits and
     # KV then depend only on the tokens before it (docs/MEMORY.md, "Reproducible greedy output")
     deterministic: bool = False
+    # launch each llama_decode on a thread of the runtime's own (the GIL is released inside
+    # it): the engine's Python work for the other contexts overlaps its host work
+    launch_thread: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from uma_serve.core.runtime.candidates import DeviceCandidates
 from uma_serve.core.runtime.grammar import Grammar
-from uma_serve.core.runtime.kv_memory import KvMemory
+from uma_serve.core.runtime.kv_memory import KvMemory, landed
 from uma_serve.core.runtime.model_info import ModelInfo
 from uma_serve.core.runtime.params import RuntimeParams, Span
 
@@ -109,6 +111,11 @@ class Runtime(KvMemory):
         self.model_path = str(path)
         self.threads = cparams.n_threads
         self._init_batch(params.n_batch)
+        # its thread starts at the first launch, from the engine thread (whose niceness it takes)
+        self._launcher = ThreadPoolExecutor(1, "uma-launch") if params.launch_thread else None
+        self._started = threading.Event()  # the launch thread is inside llama_decode
+        self._pending: tuple[Future[int], list[Span], bool] | None = None
+        self._rc = 0
         self._pieces: dict[int, bytes] = {}
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
@@ -236,7 +243,7 @@ class Runtime(KvMemory):
     # ---- decode ----
 
     def decode(self, spans: list[Span]) -> tuple[int, list[int]]:
-        """Fill the batch from spans and run one llama_decode.
+        """Fill the batch from spans and run one llama_decode, here.
 
         Returns (rc, batch index of each span's logits row or -1). rc 0 is success; rc 1
         means no KV slot for this batch: the caller shrinks the next one (a soft failure);
@@ -244,6 +251,33 @@ class Runtime(KvMemory):
         A span with ``all_logits`` has logits on every token; its entry is the first row (the
         rows of its tokens are consecutive).
         """
+        self._landed()
+        rows, padded = self._fill(spans)
+        self._land(ll.llama_decode(self.ctx, self._batch), spans, padded)
+        return self._rc, rows
+
+    def launch(self, spans: list[Span], on_thread: bool = False) -> list[int]:
+        """``decode``'s start, its rc left to ``synchronize``. ``on_thread``: on the runtime's
+        launch thread where it has one (llama_decode releases the GIL: the engine thread's
+        Python work overlaps llama_decode's own host work, the batch and the attention mask),
+        else here. Every later call on the context first waits for it to return."""
+        if self._launcher is None or not on_thread:
+            return self.decode(spans)[1]
+        self._landed()
+        rows, padded = self._fill(spans)
+        self._started.clear()
+        decoding = self._launcher.submit(self._decode_started)
+        self._pending = decoding, spans, padded
+        # until it starts: the thread needs the GIL to get there, which this thread would
+        # otherwise keep for up to the switch interval (5 ms) of Python work
+        self._started.wait()
+        return rows
+
+    def _decode_started(self) -> int:  # on the launch thread
+        self._started.set()
+        return ll.llama_decode(self.ctx, self._batch)
+
+    def _fill(self, spans: list[Span]) -> tuple[list[int], bool]:
         i = 0
         rows: list[int] = []
         for span in spans:
@@ -268,13 +302,25 @@ class Runtime(KvMemory):
             self._seq_ptrs[1][0] = self._pad_id
             i = 2
         self._batch.n_tokens = i
-        rc = ll.llama_decode(self.ctx, self._batch)
+        return rows, padded
+
+    def _land(self, rc: int, spans: list[Span], padded: bool) -> None:
+        """What follows a llama_decode's return: the pad's cell dropped, shadows tagged."""
         if padded:
             ll.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
         if rc == 0 and self.params.shadow:
             for span in spans:
                 self._tag_shadow(span.seq_id, span.pos + len(span.tokens))
-        return rc, rows
+        self._rc = rc
+
+    def _landed(self) -> int:
+        """Wait for a launch on the launch thread to return (not for the device: that is
+        ``synchronize``); the last decode's rc."""
+        if self._pending is not None:
+            decoding, spans, padded = self._pending
+            self._pending = None
+            self._land(decoding.result(), spans, padded)
+        return self._rc
 
     def _tag_shadow(self, seq_id: int, end: int) -> None:
         start = self._shadowed[seq_id]
@@ -282,6 +328,7 @@ class Runtime(KvMemory):
             ll.llama_memory_seq_cp(self.memory, seq_id, seq_id + self._n_ids, start, end)
             self._shadowed[seq_id] = end
 
+    @landed
     def warm_up(self) -> None:
         """A prompt-shaped and a decode-shaped batch on sequence 0, then an empty cache, like
         llama-server's start-up warm-up run: the first request then does not pay for the lazy
@@ -298,10 +345,13 @@ class Runtime(KvMemory):
                 break
         ll.llama_memory_clear(self.memory, True)
 
-    def synchronize(self) -> None:
-        """Wait for the device: llama_decode returns once a GPU graph is launched, so a tick's
-        time is only known (and its logits readable) after this."""
+    def synchronize(self) -> int:
+        """Wait for the last launch and the device: llama_decode returns once a GPU graph is
+        launched, so a tick's time is only known (and its logits readable) after this. The
+        launch's rc (``decode``'s)."""
+        rc = self._landed()
         ll.llama_synchronize(self.ctx)
+        return rc
 
     def abort(self) -> None:
         """Stop the running decode (any thread): it returns rc 2 within one graph node."""
@@ -310,6 +360,7 @@ class Runtime(KvMemory):
     def clear_abort(self) -> None:
         self._abort[0] = b"\x00"
 
+    @landed
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of a batch row as a numpy view on llama.cpp's buffer (no copy); valid
         until the next decode."""
@@ -338,12 +389,14 @@ class Runtime(KvMemory):
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
         return chain
 
+    @landed
     def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
         unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
         call."""
         return self._candidates.read(self.ctx, rows, self._logits)
 
+    @landed
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
         """Detach (a request that needs its whole logits row) or re-attach a sequence's
         device top-k; each change costs one graph reservation at the next decode. A chain
@@ -364,6 +417,9 @@ class Runtime(KvMemory):
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
+            self._landed()
+            if self._launcher is not None:
+                self._launcher.shutdown()
             ll.llama_batch_free(self._batch)
             ll.llama_free(self.ctx)
             for chain in self._top_k_chains:

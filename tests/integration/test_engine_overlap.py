@@ -1,6 +1,8 @@
 """The engine with its tick left in flight between steps (``overlap``, how umad runs on a GPU)
 on the real model, on the CPU: the same greedy text as the engine that collects each tick in
-its own step, and a stop string, a cancel and a length end among concurrent requests."""
+its own step, and a stop string, a cancel and a length end among concurrent requests; the
+same with each llama_decode on the runtime's launch thread (as on a GPU), whose context
+calls wait for the decode in flight."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
 from uma_serve.core.engine import Engine, Submission
 from uma_serve.core.policy import BaselinePolicy, Constraints
-from uma_serve.core.runtime import Runtime, RuntimeParams
+from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,24 @@ def runtime():
     rt.close()
 
 
-def run(rt: Runtime, overlap: bool, requests: list[p.Generate], cancel_after: str = "") -> dict:
+@pytest.fixture(scope="module")
+def threaded():
+    """Two contexts of the model, each with a launch thread (on the CPU too, where umad
+    launches on its own thread only): a context's launch goes there while the other works."""
+    params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=2, launch_thread=True)
+    first = Runtime(params)
+    second = Runtime(params, model_of=first)
+    yield [first, second]
+    second.close()
+    first.close()
+
+
+def run(
+    rt: Runtime | list[Runtime],
+    overlap: bool,
+    requests: list[p.Generate],
+    cancel_after: str = "",
+) -> dict:
     """Each request's (text, final event); ``cancel_after``: the request cancelled once its
     third token is out."""
     texts: dict[str, list[str]] = {r.id: [] for r in requests}
@@ -42,9 +61,10 @@ def run(rt: Runtime, overlap: bool, requests: list[p.Generate], cancel_after: st
             done.set()
 
     c = Constraints(n_batch=256, tick_budget_ms=1000.0)
-    engine = Engine(rt, BaselinePolicy(), c, sink, seed=1, overlap=overlap)
+    rts = rt if isinstance(rt, list) else [rt]
+    engine = Engine(rts, [BaselinePolicy() for _ in rts], c, sink, seed=1, overlap=overlap)
     for i, r in enumerate(requests):
-        engine.submit(Submission((1, r.id), r, rt.tokenize(r.prompt), i))
+        engine.submit(Submission((1, r.id), r, rts[0].tokenize(r.prompt), i))
     engine.start()
     assert done.wait(120), finals
     engine.stop("test over")
@@ -62,7 +82,47 @@ def test_a_tick_in_flight_gives_the_same_greedy_text(runtime) -> None:
     assert run(runtime, True, [req])["a"][0] == run(runtime, False, [req])["a"][0]
 
 
-def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(runtime) -> None:
+def test_launch_threads_give_the_same_greedy_text(runtime, threaded) -> None:
+    """Three requests: two in the first context, one in the second, each context's decodes
+    launched on its thread while the other's tick is in flight."""
+    reqs = [
+        greedy("a", "The three laws of motion are"),
+        greedy("b", "Once upon a time, there"),
+        greedy("c", "def fibonacci(n):"),
+    ]
+    got = run(threaded, True, reqs)
+    assert any(t.name.startswith("uma-launch") for t in threading.enumerate())  # it ran there
+    want = run(runtime, False, reqs)
+    assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in want.items()}
+
+
+def test_a_context_call_waits_for_the_launch_in_flight(runtime, threaded) -> None:
+    """The cache, the logits and the rc read right after a launch on the thread are those
+    after its llama_decode (the CPU computes the prompt for milliseconds meanwhile)."""
+    threaded = threaded[1]  # a context sharing the other's model
+    tokens = runtime.tokenize("The lighthouse keeper logs the weather every morning. " * 8)
+    for rt in (runtime, threaded):
+        rt.clear_all()
+    rc, [row] = runtime.decode([Span(0, 0, tokens, True)])
+    assert rc == 0
+    want = runtime.logits_row(row).copy()
+    [row] = threaded.launch([Span(0, 0, tokens, True)], on_thread=True)
+    assert threaded.seq_pos_max(0) == len(tokens) - 1
+    assert (threaded.logits_row(row) == want).all()
+    assert threaded.synchronize() == 0
+    threaded.abort()  # an aborted decode's rc comes through synchronize
+    threaded.launch([Span(1, 0, tokens, True)], on_thread=True)
+    assert threaded.synchronize() == 2
+    threaded.clear_abort()
+    assert threaded.seq_pos_max(1) == -1  # llama.cpp took its cells back
+    for rt in (runtime, threaded):
+        rt.clear_all()
+
+
+@pytest.mark.parametrize("launch_thread", [False, True])
+def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(
+    runtime, threaded, launch_thread: bool
+) -> None:
     solo = run(runtime, False, [greedy("s", "Once upon a time, there", max_tokens=32)])["s"][0]
     stop = solo.split()[4]  # a word it writes: the stop string ends it there
     reqs = [
@@ -70,7 +130,7 @@ def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(runtime) -> No
         greedy("c", "def fibonacci(n):", max_tokens=200, ignore_eos=True),
         greedy("n", "The capital of France is", max_tokens=16, ignore_eos=True),
     ]
-    got = run(runtime, True, reqs, cancel_after="c")
+    got = run(threaded if launch_thread else runtime, True, reqs, cancel_after="c")
     text, end = got["s"]
     assert isinstance(end, p.EosEvent) and end.reason == "stop" and stop not in text
     text, end = got["c"]

@@ -23,6 +23,11 @@ class Logged(FakeRuntime):
         super().__init__(n_seq)
         self.name, self.log = name, log
         self.n_ctx_per_seq = 1 << 20  # no request ends by the context's length here
+        self.on_thread: list[bool] = []  # each launch: to the launch thread or not
+
+    def launch(self, spans, on_thread: bool = False) -> list[int]:
+        self.on_thread.append(on_thread)
+        return super().launch(spans, on_thread)
 
     def decode(self, spans):
         self.log.append((self.name, tuple(s.seq_id for s in spans)))
@@ -66,6 +71,27 @@ def test_requests_fill_the_contexts_in_turn_and_each_decodes_only_its_own() -> N
     assert by_ctx["a"] == {0, 1} and by_ctx["b"] == {0, 1}  # two requests in each
     names = [n for n, _ in log]
     assert any(names[i : i + 2] == ["a", "b"] for i in range(len(names) - 1))  # in turn
+
+
+def run_requests(n: int) -> Engine:
+    events: list = []
+    done = threading.Event()
+    engine, _ = two_contexts(events, done, n)
+    for i in range(n):
+        engine.submit(Submission((1, f"r{i}"), gen(f"r{i}"), [1, 2, 3], i))
+    engine.start()
+    assert done.wait(10)
+    engine.stop("test over")
+    engine.join(5)
+    return engine
+
+
+def test_a_launch_goes_to_the_launch_thread_only_while_another_context_works() -> None:
+    """The handoff costs a lone context's tick ~0.1 ms and there is nothing to overlap."""
+    lone = [sh.runtime.on_thread for sh in run_requests(1).shards]
+    assert lone[0] and not any(lone[0]) and not lone[1]
+    both = [sh.runtime.on_thread for sh in run_requests(4).shards]
+    assert any(both[0]) and any(both[1])
 
 
 def test_a_new_request_goes_to_a_context_with_room_the_busier_first() -> None:

@@ -27,6 +27,7 @@ class FakeRuntime:
         self.n_ctx_per_seq = self.n_ctx // n_seq
         self.n_batch = 64
         self._rows: list[np.ndarray] = []
+        self._rc = 0
 
     def decode(self, spans):
         self._rows, rows = [], []
@@ -59,7 +60,12 @@ class FakeRuntime:
 
     def clear_abort(self) -> None: ...
 
-    def synchronize(self) -> None: ...
+    def launch(self, spans, on_thread: bool = False) -> list[int]:
+        self._rc, rows = self.decode(spans)
+        return rows
+
+    def synchronize(self) -> int:
+        return self._rc
 
     # no device top-k, no llama.cpp chains, no prefix cache files here
     def candidates(self, rows):

@@ -33,8 +33,9 @@ class Recording(FakeRuntime):
             assert self.release.wait(10)
         return super().decode(spans)
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> int:
         self.log.append(("sync",))
+        return super().synchronize()
 
 
 class PlanLog(BaselinePolicy):

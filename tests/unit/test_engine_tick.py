@@ -117,8 +117,9 @@ class Recording(FakeRuntime):
         self.log.append("decode")
         return super().decode(spans)
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> int:
         self.log.append("synchronize")
+        return super().synchronize()
 
     def seq_clear(self, seq_id: int) -> None:
         self.log.append("clear")
