@@ -36,9 +36,10 @@ class Config:
     contexts: int = option(
         0,
         "llama.cpp contexts the model runs in, each with its share of n_seq and n_ctx, "
-        "stepped in turn (one's host work while the GPU computes another's tick) and filled "
-        "one after another (0: auto: with GPU layers and n_seq of 32 or more, one per 16 "
-        "sequences, at most 4, for a model file of 2 GiB or less, else 2; otherwise 1)",
+        "stepped in turn (one's host work while the GPU computes another's tick); streams "
+        "spread over them and bulk work joins them (0: auto: with GPU layers and n_seq of 32 "
+        "or more, one per 16 sequences, at most 4, for a model file of 2 GiB or less, else 2; "
+        "otherwise 1)",
         least=0,
     )
     n_batch: int = option(512, "logical batch: tokens per llama_decode at most")

@@ -92,9 +92,8 @@ SMALL_MODEL_BYTES = 2 << 30  # weights a GPU reads again per extra context, chea
 def n_contexts(config: cfg.Config, on_gpu: bool, model_bytes: int) -> int:
     """--contexts, auto resolved. On a GPU from 32 sequences up: one context per 16
     sequences (four at most) for a model of 2 GiB or less, else two; one otherwise (a CPU's
-    decode computes the tick: nothing to overlap). Contexts fill one after another, so up to
-    a context's size requests run as in one. Each context's tick reads all the weights again:
-    64 streams on an H100 over the socket, tok/s with 1 / 2 / 4 contexts: Gemma 3 270M
+    decode computes the tick: nothing to overlap). Each context's tick reads all the weights
+    again: 64 streams on an H100 over the socket, tok/s with 1 / 2 / 4 contexts: Gemma 3 270M
     (0.24 GiB) 4,400-5,200 / 5,400-6,800 / 6,900-7,300; Gemma-3-1B's shape (0.9 GiB)
     3,700-4,800 / 4,800-5,900 / 5,900-6,200; 4B's (2.0 GiB) 3,300-3,400 / 3,850-3,900 /
     3,800; Llama-3.1-8B's (4.8 GiB) 2,962 / 3,135 / 2,653."""

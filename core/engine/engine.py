@@ -20,9 +20,10 @@ its own tick (``overlap`` off).
 The model may run in several llama.cpp contexts (``Shard``s: each its own sequences, KV
 cache, scheduler and tick in flight), stepped in turn: while the device computes one
 context's tick, the host collects, plans and launches the other's, llama_decode's own host
-work (the batch, the attention mask over the context's cells) included. A request goes to a
-context with room for it, the one that holds the most of its prompt, else the busiest: the
-contexts fill one after another.
+work (the batch, the attention mask over the context's cells) included, on the context's
+launch thread while another context works. A request goes to a context with room for it, the
+one that holds the most of its prompt, then the least busy for a chat turn while no context
+holds bulk work (streams spread), else the busiest (bulk work joins the streams).
 
 The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
 which post to the ``Inbox`` (inbox.py); the engine thread takes everything posted at once
@@ -302,18 +303,23 @@ class Engine:
 
     def _route(self, sub: Submission) -> Scheduler:
         """The context for a new request: one with room for it, then the one holding the most
-        of its prompt (a conversation's history), then the busiest: contexts fill one after
-        another, so a few requests share one context, whose ticks the policy budgets
-        together (a second context's tick would lengthen every gap of a stream in the first:
-        two graphs where one carries both), and the next context takes what the first has
-        no room for."""
+        of its prompt (a conversation's history), then the least busy while no context holds
+        bulk work and the request is a chat turn (the streams spread: one context's host work
+        overlaps another's tick), else the busiest. Bulk work (a pasted document) so joins
+        the streams of a context, whose policy budgets them together, and a chat turn joins
+        the bulk work: a context whose policy saw no stream would run unbounded prefill ticks,
+        and every gap of a stream in another context includes them."""
         if len(self.shards) == 1:
             return self.scheduler
+        hashes = sub.prompt_hashes
+        cached = max(sh.scheduler.cached_estimate(hashes) for sh in self.shards)
+        chat = prompt_class(sub.request.qos, len(sub.prompt) - cached, self.prompt_allowance())
+        spread = chat == INTERACTIVE and not any(sh.scheduler.holds_bulk() for sh in self.shards)
 
         def rank(sh: Shard) -> tuple[bool, int, int]:
             s = sh.scheduler
-            cached = s.cached_estimate(sub.prompt_hashes)
-            return s.has_room(sub, cached), cached, s.load()
+            cached = s.cached_estimate(hashes)
+            return s.has_room(sub, cached), cached, -s.load() if spread else s.load()
 
         return max(self.shards, key=rank).scheduler
 

@@ -134,6 +134,12 @@ class Scheduler:
         free = len(self._queue.free_ids) - len(self._queue)
         return free > (0 if work == INTERACTIVE else self._queue.reserved)
 
+    def holds_bulk(self) -> bool:
+        """Bulk work running or waiting here: a long prompt not yet prefilled, a background
+        request (policy/work.py)."""
+        seqs = [*self.running.values(), *self._queue.waiting]
+        return any(s.work_class != INTERACTIVE for s in seqs)
+
     def busy(self) -> bool:
         """Work without new input: running requests, or one that can take a free sequence
         (idle time between is not tick overhead)."""

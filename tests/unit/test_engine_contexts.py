@@ -1,8 +1,8 @@
 """Several llama.cpp contexts of one model (the engine's shards), on fake runtimes: each
 context runs only its own requests and they are stepped in turn, a new request goes where
-there is room and then to the busier context (they fill one after another), a conversation's
-next turn to the context holding its history, a cancel finds its request wherever it runs,
-and the state gauges add up every context's."""
+there is room (chat turns spread while no context holds bulk work, which joins the busier
+context), a conversation's next turn to the context holding its history, a cancel finds
+its request wherever it runs, and the state gauges add up every context's."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def gen(rid: str, n: int = 6) -> p.Generate:
     return p.Generate(id=rid, prompt="x", max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def test_requests_fill_the_contexts_in_turn_and_each_decodes_only_its_own() -> None:
+def test_each_context_decodes_only_its_own_requests_and_they_step_in_turn() -> None:
     events: list = []
     done = threading.Event()
     engine, log = two_contexts(events, done, 4)
@@ -94,18 +94,30 @@ def test_a_launch_goes_to_the_launch_thread_only_while_another_context_works() -
     assert any(both[0]) and any(both[1])
 
 
-def test_a_new_request_goes_to_a_context_with_room_the_busier_first() -> None:
+def test_chat_turns_spread_until_bulk_work_which_joins_the_streams() -> None:
+    """Chat turns go to the least busy context while none holds bulk work; bulk work goes to
+    the busier context (with its streams), and once it is there chat turns join it."""
     events: list = []
-    engine, _ = two_contexts(events, threading.Event(), 3, n_seq=2)
+    engine, _ = two_contexts(events, threading.Event(), 3, n_seq=3)
     a, b = (sh.scheduler for sh in engine.shards)
-    b.add(Submission((1, "x0"), gen("x0"), [1, 2, 3], 0))
+
+    def route(rid: str, prompt: list[int], **kw) -> object:
+        sub = Submission((1, rid), msgspec.structs.replace(gen(rid), **kw), prompt, 0)
+        return engine._route(sub), sub
+
+    b.add(route("x0", [1, 2, 3])[1])
     b.admit()
-    sub = Submission((1, "n"), gen("n"), [4, 5, 6], 3)
-    assert engine._route(sub) is b  # room in both: the busier one
-    b.add(sub)
+    assert route("n", [4, 5, 6])[0] is a  # room in both, no bulk: the least busy
+    where, bg = route("bg", [7, 8], qos="background")
+    assert where is b  # bulk: the busier one, with the stream
+    b.add(bg)
     b.admit()
-    assert engine._route(Submission((1, "m"), gen("m"), [7], 4)) is a  # b is full
-    assert engine.metrics.active_sessions == 2  # every context's sequences
+    assert b.holds_bulk() and not a.holds_bulk()
+    assert route("m", [9])[0] is b  # bulk there: a chat turn joins it
+    b.add(route("m", [9])[1])
+    b.admit()
+    assert route("k", [10])[0] is a  # b is full
+    assert engine.metrics.active_sessions == 3  # every context's sequences
 
 
 def test_a_cancel_reaches_the_request_in_whichever_context_runs_it() -> None:
@@ -130,11 +142,11 @@ def test_a_conversations_next_turn_goes_to_the_context_holding_its_history() -> 
     events: list = []
     engine, _ = two_contexts(events, threading.Event(), 1, n_seq=3)
     a, b = (sh.scheduler for sh in engine.shards)
-    for i in range(2):  # b runs more than a
-        b.add(Submission((1, f"x{i}"), gen(f"x{i}"), [1, 2, 3], i))
-        b.admit()
+    for i in range(2):  # a runs more than b
+        a.add(Submission((1, f"x{i}"), gen(f"x{i}"), [1, 2, 3], i))
+        a.admit()
     turn = Submission((1, "t"), gen("t"), list(range(40)), 5)
-    assert engine._route(turn) is b
+    assert engine._route(turn) is b  # the least busy
     a.cached_estimate = lambda hashes: 32  # type: ignore[method-assign]  # its history
     assert engine._route(turn) is a
 
@@ -149,4 +161,7 @@ def test_background_work_goes_where_an_id_beyond_the_reserved_ones_is_free() -> 
     a.admit()  # a: one id left, the reserved one
     bg = msgspec.structs.replace(gen("bg"), qos="background")
     assert engine._route(Submission((1, "bg"), bg, [4, 5, 6], 1)) is b
-    assert engine._route(Submission((1, "c"), gen("c"), [7, 8], 2)) is a  # busier, room
+    for i in range(2):  # b full
+        b.add(Submission((1, f"y{i}"), gen(f"y{i}"), [1, 2], 2 + i))
+        b.admit()
+    assert engine._route(Submission((1, "c"), gen("c"), [7, 8], 4)) is a  # the reserved id
