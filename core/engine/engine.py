@@ -99,13 +99,15 @@ class Engine:
         prefix_cache_slots: int = 0,
         compute_nice: int = 0,
         overlap: bool = False,
+        spread: bool = True,
     ) -> None:
         """``runtime``: one context of the model, or several (one ``policy`` each; the
         prefix cache's tokens and slots are each context's). ``overlap``: leave each tick in
         flight until the next step (a GPU computes after llama_decode returns); on a CPU,
         whose llama_decode computes the tick, a step collects its own tick: its tokens go out
         at once and nothing else contends with the compute threads (measured: 3% of a lone
-        stream's tokens/s on the 2-core CPU otherwise)."""
+        stream's tokens/s on the 2-core CPU otherwise). ``spread``: chat turns spread over the
+        contexts while none holds bulk work (else they fill one after another)."""
         runtimes = list(runtime) if isinstance(runtime, list | tuple) else [runtime]
         policies = list(policy) if isinstance(policy, list | tuple) else [policy]
         assert len(policies) == len(runtimes), "one policy per context"
@@ -131,6 +133,7 @@ class Engine:
             )
             self.shards.append(Shard(rt, sched, Executor(rt, sampler)))
         self._overlap = overlap
+        self._spread = spread
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     @property
@@ -305,16 +308,20 @@ class Engine:
         """The context for a new request: one with room for it, then the one holding the most
         of its prompt (a conversation's history), then the least busy while no context holds
         bulk work and the request is a chat turn (the streams spread: one context's host work
-        overlaps another's tick), else the busiest. Bulk work (a pasted document) so joins
-        the streams of a context, whose policy budgets them together, and a chat turn joins
-        the bulk work: a context whose policy saw no stream would run unbounded prefill ticks,
-        and every gap of a stream in another context includes them."""
+        overlaps another's tick; with ``spread``), else the busiest. Bulk work (a pasted
+        document) so joins the streams of a context, whose policy budgets them together, and a
+        chat turn joins the bulk work: a context whose policy saw no stream would run unbounded
+        prefill ticks, and every gap of a stream in another context includes them."""
         if len(self.shards) == 1:
             return self.scheduler
         hashes = sub.prompt_hashes
         cached = max(sh.scheduler.cached_estimate(hashes) for sh in self.shards)
         chat = prompt_class(sub.request.qos, len(sub.prompt) - cached, self.prompt_allowance())
-        spread = chat == INTERACTIVE and not any(sh.scheduler.holds_bulk() for sh in self.shards)
+        spread = (
+            self._spread
+            and chat == INTERACTIVE
+            and not any(sh.scheduler.holds_bulk() for sh in self.shards)
+        )
 
         def rank(sh: Shard) -> tuple[bool, int, int]:
             s = sh.scheduler

@@ -120,6 +120,19 @@ def test_chat_turns_spread_until_bulk_work_which_joins_the_streams() -> None:
     assert engine.metrics.active_sessions == 3  # every context's sequences
 
 
+def test_without_spread_chat_turns_fill_the_busier_context_first() -> None:
+    """A bigger model's contexts (umad: a file over 2 GiB) fill one after another."""
+    engine, _ = two_contexts([], threading.Event(), 1, n_seq=2, spread=False)
+    a, b = (sh.scheduler for sh in engine.shards)
+    b.add(Submission((1, "x0"), gen("x0"), [1, 2, 3], 0))
+    b.admit()
+    sub = Submission((1, "n"), gen("n"), [4, 5, 6], 1)
+    assert engine._route(sub) is b
+    b.add(sub)
+    b.admit()
+    assert engine._route(Submission((1, "m"), gen("m"), [7], 2)) is a  # b is full
+
+
 def test_a_cancel_reaches_the_request_in_whichever_context_runs_it() -> None:
     events: list = []
     done = threading.Event()
