@@ -1,8 +1,8 @@
 """umad with the model in two llama.cpp contexts (--contexts 2), on the CPU: requests sent
 together all complete (their texts are not compared with one context's: batches of other
 shapes round differently), the daemon reports every context's sequences and cells, a
-conversation's next turn reuses its history from the context that holds it, and nothing is
-left behind."""
+conversation's next turn reuses its history from the context that holds it while other
+requests arrive, and nothing is left behind."""
 
 from __future__ import annotations
 
@@ -47,8 +47,13 @@ def test_two_contexts_serve_every_request(tmp_path) -> None:
         first = gen("A story about a cat: the cat", max_tokens=12, stream=False)
         [answer] = texts(two, [first])
         hits = wait_idle(two)["prefix_cache_cached_tokens_total"]
-        turn = gen(first.prompt + answer + " Then the dog", max_tokens=8, stream=False)
-        texts(two, [turn, *[gen(pr, max_tokens=8, stream=False) for pr in PROMPTS[:3]]])
+        # the turn runs (its first token out) while three more requests arrive and spread
+        turn = gen(first.prompt + answer + " Then the dog", max_tokens=24, ignore_eos=True)
+        with two.client() as c:
+            events = c.stream(turn)
+            assert isinstance(next(events), p.TokenEvent)
+            assert all(texts(two, [gen(pr, max_tokens=8, stream=False) for pr in PROMPTS[:3]]))
+            assert isinstance(list(events)[-1], p.EosEvent)
         assert wait_idle(two)["prefix_cache_cached_tokens_total"] >= hits + 12
     finally:
         assert two.stop() == 0
