@@ -111,7 +111,6 @@ class Engine:
         runtimes = list(runtime) if isinstance(runtime, list | tuple) else [runtime]
         policies = list(policy) if isinstance(policy, list | tuple) else [policy]
         assert len(policies) == len(runtimes), "one policy per context"
-        self.runtime = runtimes[0]
         self.sink = sink
         self.metrics = metrics or EngineMetrics()
         self.metrics.kv_cells_total = sum(rt.n_ctx for rt in runtimes)
@@ -314,21 +313,16 @@ class Engine:
         prefill ticks, and every gap of a stream in another context includes them."""
         if len(self.shards) == 1:
             return self.scheduler
-        hashes = sub.prompt_hashes
-        cached = max(sh.scheduler.cached_estimate(hashes) for sh in self.shards)
-        chat = prompt_class(sub.request.qos, len(sub.prompt) - cached, self.prompt_allowance())
-        spread = (
-            self._spread
-            and chat == INTERACTIVE
-            and not any(sh.scheduler.holds_bulk() for sh in self.shards)
-        )
-
-        def rank(sh: Shard) -> tuple[bool, int, int]:
-            s = sh.scheduler
-            cached = s.cached_estimate(hashes)
-            return s.has_room(sub, cached), cached, -s.load() if spread else s.load()
-
-        return max(self.shards, key=rank).scheduler
+        scheds = [sh.scheduler for sh in self.shards]
+        cached = [s.cached_estimate(sub.prompt_hashes) for s in scheds]
+        uncached = len(sub.prompt) - max(cached)
+        chat = prompt_class(sub.request.qos, uncached, self.prompt_allowance()) == INTERACTIVE
+        spread = self._spread and chat and not any(s.holds_bulk() for s in scheds)
+        sign = -1 if spread else 1
+        ranks = [
+            (s.has_room(sub, c), c, sign * s.load()) for s, c in zip(scheds, cached, strict=True)
+        ]
+        return scheds[ranks.index(max(ranks))]
 
     def _apply(self, ops: list[Op]) -> list[Outgoing]:
         events: list[Outgoing] = []

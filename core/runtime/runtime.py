@@ -1,22 +1,24 @@
-"""The model, its context and the one reusable ``llama_batch``: decode (abortable from another
-thread), logits rows, tokenize/detokenize, chat template; its KV memory operations: kv_memory.py."""
+"""The model and its context: decode (abortable from another thread; on a launch thread of
+its own where it has one, launcher.py) from its batch (batch.py), logits rows,
+tokenize/detokenize, chat template; its KV memory operations: kv_memory.py."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime.batch import DecodeBatch
 from uma_serve.core.runtime.candidates import DeviceCandidates
 from uma_serve.core.runtime.grammar import Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
+from uma_serve.core.runtime.launcher import Launcher
 from uma_serve.core.runtime.model_info import ModelInfo
 from uma_serve.core.runtime.params import RuntimeParams, Span
 
@@ -110,10 +112,8 @@ class Runtime(KvMemory):
         self.model_name = self.info.name or path.stem
         self.model_path = str(path)
         self.threads = cparams.n_threads
-        self._init_batch(params.n_batch)
-        # its thread starts at the first launch, from the engine thread (whose niceness it takes)
-        self._launcher = ThreadPoolExecutor(1, "uma-launch") if params.launch_thread else None
-        self._started = threading.Event()  # the launch thread is inside llama_decode
+        self._batch = DecodeBatch(params.n_batch, self._pad_id)
+        self._launcher = Launcher() if params.launch_thread else None
         self._pending: tuple[Future[int], list[Span], bool] | None = None
         self._rc = 0
         self._pieces: dict[int, bytes] = {}
@@ -176,17 +176,6 @@ class Runtime(KvMemory):
         cparams.abort_callback = _STRLEN_ABORT
         cparams.abort_callback_data = ctypes.cast(self._abort, ctypes.c_void_p)
         return cparams
-
-    def _init_batch(self, n: int) -> None:
-        """The reusable llama_batch, and numpy views on its arrays: one slice assignment per
-        span instead of a ctypes store per token."""
-        self._batch = ll.llama_batch_init(n, 0, 1)
-        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n,))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
-        self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
-        self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
-        self._seq_ptrs = [self._batch.seq_id[i] for i in range(n)]
-        self._nseq[:] = 1
 
     def _shadow_lag_for(self, params: RuntimeParams) -> int:
         """How many decoded positions a sequence's shadow tag may trail by. Each tag is a
@@ -252,8 +241,8 @@ class Runtime(KvMemory):
         rows of its tokens are consecutive).
         """
         self._landed()
-        rows, padded = self._fill(spans)
-        self._land(ll.llama_decode(self.ctx, self._batch), spans, padded)
+        rows, padded = self._batch.fill(spans)
+        self._land(ll.llama_decode(self.ctx, self._batch.batch), spans, padded)
         return self._rc, rows
 
     def launch(self, spans: list[Span], on_thread: bool = False) -> list[int]:
@@ -264,50 +253,14 @@ class Runtime(KvMemory):
         if self._launcher is None or not on_thread:
             return self.decode(spans)[1]
         self._landed()
-        rows, padded = self._fill(spans)
-        self._started.clear()
-        decoding = self._launcher.submit(self._decode_started)
-        self._pending = decoding, spans, padded
-        # until it starts: the thread needs the GIL to get there, which this thread would
-        # otherwise keep for up to the switch interval (5 ms) of Python work
-        self._started.wait()
+        rows, padded = self._batch.fill(spans)
+        self._pending = self._launcher.start(self.ctx, self._batch.batch), spans, padded
         return rows
-
-    def _decode_started(self) -> int:  # on the launch thread
-        self._started.set()
-        return ll.llama_decode(self.ctx, self._batch)
-
-    def _fill(self, spans: list[Span]) -> tuple[list[int], bool]:
-        i = 0
-        rows: list[int] = []
-        for span in spans:
-            n = len(span.tokens)
-            self._tok[i : i + n] = span.tokens
-            self._pos[i : i + n] = np.arange(span.pos, span.pos + n, dtype=np.int32)
-            self._logits[i : i + n] = 0
-            for ptr in self._seq_ptrs[i : i + n]:
-                ptr[0] = span.seq_id
-            i += n
-            if span.all_logits:
-                self._logits[i - n : i] = 1
-                rows.append(i - n)
-            elif span.logits:
-                self._logits[i - 1] = 1
-                rows.append(i - 1)
-            else:
-                rows.append(-1)
-        padded = i == 1 and self._pad_id >= 0
-        if padded:  # deterministic: no decode of 1 token (it takes another attention kernel)
-            self._tok[1], self._pos[1], self._logits[1] = self._tok[0], 0, 1
-            self._seq_ptrs[1][0] = self._pad_id
-            i = 2
-        self._batch.n_tokens = i
-        return rows, padded
 
     def _land(self, rc: int, spans: list[Span], padded: bool) -> None:
         """What follows a llama_decode's return: the pad's cell dropped, shadows tagged."""
         if padded:
-            ll.llama_memory_seq_rm(self.memory, self._pad_id, -1, -1)
+            ll.llama_memory_seq_rm(self.memory, self._batch.pad_id, -1, -1)
         if rc == 0 and self.params.shadow:
             for span in spans:
                 self._tag_shadow(span.seq_id, span.pos + len(span.tokens))
@@ -394,7 +347,7 @@ class Runtime(KvMemory):
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
         unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
         call."""
-        return self._candidates.read(self.ctx, rows, self._logits)
+        return self._candidates.read(self.ctx, rows, self._batch.logits)
 
     @landed
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
@@ -419,8 +372,8 @@ class Runtime(KvMemory):
         if getattr(self, "ctx", None):
             self._landed()
             if self._launcher is not None:
-                self._launcher.shutdown()
-            ll.llama_batch_free(self._batch)
+                self._launcher.close()
+            self._batch.free()
             ll.llama_free(self.ctx)
             for chain in self._top_k_chains:
                 if chain is not None:

@@ -265,7 +265,7 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
         wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (3, 2)]
         assert len(wanted) >= BULK_ROWS
         assert (
-            rt._candidates.buffers(rt.ctx, wanted, rt._logits) is not None
+            rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits) is not None
         )  # the gather, not the fallback
         ids, logits = (a.copy() for a in rt.candidates(wanted))
         for i, row in enumerate(wanted):
