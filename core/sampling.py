@@ -226,8 +226,10 @@ def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def top_k_ids(logits: np.ndarray, k: int, peak: float) -> np.ndarray:
     """The k largest logits' ids: a threshold pass keeps the few near the peak, and only those
-    are partitioned (argpartition over the whole row is twice as slow)."""
-    for gap in (4.0, 8.0, 16.0):
+    are partitioned (argpartition over the whole row is twice as slow). Each pass over a
+    262,144-token row costs ~65 us; 8 below the peak holds ~70 tokens at the median (under
+    3,000 at most) of Gemma 3's rows, enough for the usual top-k of 40 in one pass."""
+    for gap in (8.0, 16.0):
         ids = np.flatnonzero(logits >= peak - gap)
         if len(ids) >= k:
             break

@@ -84,6 +84,42 @@ def test_a_refused_token_is_drawn_again_from_the_allowed_ones(runtime) -> None:
     state.free()
 
 
+@pytest.mark.parametrize("min_p", [0.05, 0.0])
+def test_the_allowed_candidates_are_the_whole_rows_allowed_best(runtime, min_p) -> None:
+    """The grammar checks only the row's best tokens, band by band: along a JSON answer, what
+    it allows is what masking the whole row allows, among the top-k and down to where the
+    chain could still draw one."""
+    from uma_serve.bench.grammar_mix import SCHEMA
+    from uma_serve.core.runtime.grammar import json_schema_gbnf
+
+    sampler = Sampler(runtime)
+    req = gen(temperature=0.8, top_k=40, min_p=min_p, seed=3, grammar=json_schema_gbnf(SCHEMA))
+    state = sampler.new(0, req, 0)
+    assert state.grammar is not None
+    runtime.seq_clear(0)
+    tokens = runtime.tokenize("Report the weather in Paris as JSON.\n")
+    rc, rows = runtime.decode([Span(0, 0, tokens, True)])
+    pos, refused = len(tokens), 0
+    for _ in range(24):
+        row = np.array(runtime.logits_row(rows[0]))
+        ids, logits = state.grammar.allowed(row.copy(), state.p)
+        whole = np.flatnonzero(state.grammar.allows(np.arange(len(row)), row))
+        assert set(ids.tolist()) <= set(whole.tolist()) and np.array_equal(logits, row[ids])
+        best = whole[np.argsort(-row[whole], kind="stable")][:40]
+        # min-p drops what lies below; without it, all the row's tokens there together hold
+        # under 1e-4 of the best one's probability
+        floor = row[best[0]] + (np.log(min_p) if min_p else 0.8 * np.log(1e-4 / len(row)))
+        assert set(best[row[best] >= floor].tolist()) <= set(ids.tolist())
+        refused += int(np.argmax(row)) not in whole
+        [(token, _)] = sampler.sample([Row(state, rows[0])])
+        if runtime.is_eog(token):
+            break
+        rc, rows = runtime.decode([Span(0, pos, [token], True)])
+        pos += 1
+    state.free()
+    assert refused  # the grammar overruled the model somewhere: the bands were searched
+
+
 def test_a_bad_grammar_is_refused(runtime) -> None:
     with pytest.raises(GrammarError):
         check_grammar(runtime.vocab, "root ::= undefined-rule")
