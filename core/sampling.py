@@ -179,8 +179,8 @@ def _sample(
     not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
     rows, width = logits.shape
     top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
-    col = np.arange(width)
-    at = np.arange(rows)[:, None]
+    col = _arange(width)
+    at = _arange(rows)[:, None]
     if ordered:
         order = descending(logits)
         ids, logits = ids[at, order], logits[at, order]
@@ -208,7 +208,17 @@ def descending(logits: np.ndarray) -> np.ndarray:
     bits = (logits + np.float32(0.0)).view(np.int32).astype(np.int64)
     key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ascending with the float
     col_bits = max(int(logits.shape[1] - 1).bit_length(), 1)
-    return np.argsort(((-key) << col_bits) | np.arange(logits.shape[1]), axis=1)
+    return np.argsort(((-key) << col_bits) | _arange(logits.shape[1]), axis=1)
+
+
+_COUNT = np.arange(4096)
+_COUNT.flags.writeable = False
+
+
+def _arange(n: int) -> np.ndarray:
+    """0..n-1, a view for the widths a tick draws from: np.arange releases the GIL (for
+    nothing, at these sizes), and another thread waiting for it takes it (runtime/gil.py)."""
+    return _COUNT[:n] if n <= len(_COUNT) else np.arange(n)
 
 
 def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

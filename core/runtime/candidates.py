@@ -15,10 +15,16 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime.gil import held
+
 # rows from which candidates are read as one gather: row by row costs ~3 us a row, the
 # gather ~30 us (its pointer checks), measured on a 2-core CPU
 BULK_ROWS = 12
 _I32P, _F32P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
+# read after the tick's synchronize: they return at once, so they keep the GIL (gil.py)
+_count_ith = held(ll.llama_get_sampled_candidates_count_ith)
+_candidates_ith = held(ll.llama_get_sampled_candidates_ith)
+_logits_ith = held(ll.llama_get_sampled_logits_ith)
 
 
 def _address(pointer: Any) -> int:
@@ -51,9 +57,9 @@ class DeviceCandidates:
             return ids, logits
         ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
         for r, row in enumerate(rows):
-            n = min(ll.llama_get_sampled_candidates_count_ith(ctx, row), k)
-            src_ids = ll.llama_get_sampled_candidates_ith(ctx, row)
-            src_logits = ll.llama_get_sampled_logits_ith(ctx, row)
+            n = min(_count_ith(ctx, row), k)
+            src_ids = _candidates_ith(ctx, row)
+            src_logits = _logits_ith(ctx, row)
             ctypes.memmove(ids_at + r * size, src_ids, n * 4)
             ctypes.memmove(logits_at + r * size, src_logits, n * 4)
             if n < k:
@@ -74,10 +80,10 @@ class DeviceCandidates:
         pointers = []
         for end in ends:
             row = rows[end]
-            if ll.llama_get_sampled_candidates_count_ith(ctx, row) != self.k:
+            if _count_ith(ctx, row) != self.k:
                 return None
-            pointers.append((_address(ll.llama_get_sampled_candidates_ith(ctx, row)),
-                             _address(ll.llama_get_sampled_logits_ith(ctx, row))))  # fmt: skip
+            pointers.append((_address(_candidates_ith(ctx, row)),
+                             _address(_logits_ith(ctx, row))))  # fmt: skip
         stride = self.n_vocab * 4
         first, last = (int(out[end]) for end in ends)
         (ids0, logits0), (ids1, logits1) = pointers

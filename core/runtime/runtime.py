@@ -16,6 +16,7 @@ import numpy as np
 
 from uma_serve.core.runtime.batch import DecodeBatch
 from uma_serve.core.runtime.candidates import DeviceCandidates
+from uma_serve.core.runtime.gil import held
 from uma_serve.core.runtime.grammar import Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
 from uma_serve.core.runtime.launcher import Launcher
@@ -28,6 +29,7 @@ WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
 # only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
 STANDARD_SWA = frozenset({"gemma2", "gemma3", "gemma3n", "cohere2"})
+_logits_ith = held(ll.llama_get_logits_ith)  # read after the tick's synchronize (gil.py)
 
 log = logging.getLogger("uma.runtime")
 
@@ -117,6 +119,7 @@ class Runtime(KvMemory):
         self._pending: tuple[Future[int], list[Span], bool] | None = None
         self._rc = 0
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
         self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
@@ -221,7 +224,10 @@ class Runtime(KvMemory):
         return cached
 
     def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)  # asked for every token: a dict keeps the GIL (gil.py)
+        if eog is None:
+            eog = self._eog[token] = bool(ll.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     @property
     def eog_tokens(self) -> tuple[int, ...]:
@@ -317,7 +323,7 @@ class Runtime(KvMemory):
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of a batch row as a numpy view on llama.cpp's buffer (no copy); valid
         until the next decode."""
-        ptr = ll.llama_get_logits_ith(self.ctx, row)
+        ptr = _logits_ith(self.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def _set_split(self, mparams: Any, params: RuntimeParams) -> None:
