@@ -2,9 +2,10 @@
 
     planned = scheduler.plan()                    # tick N+1's plan, while tick N computes
     out = executor.collect(launched)              # tick N: the device done, its rows sampled
-    events = scheduler.advance(batch, seqs, out)  # tokens -> text, stops, ends (sent at once)
+    events = scheduler.advance(batch, seqs, out)  # tokens -> text, stops, ends
     batch = scheduler.batch(planned)              # tick N+1's spans, with tick N's tokens
     launched = executor.launch(batch)             # llama_decode (a GPU computes after it)
+    sink(events)                                  # tick N's tokens out, while N+1 computes
     seqs = scheduler.launched(batch)              # its sequences where it leaves them
     scheduler.record(...)                         # the learner learns tick N meanwhile
 
@@ -243,30 +244,42 @@ class Engine:
         ``overlap`` no tick is in flight at a step's start: it plans, launches and collects
         its own."""
         sched = sh.scheduler
+        events: list[Outgoing] = []
         try:
             ahead = sh.inflight is not None and sched.plans_ahead
             planned = sched.plan(ahead=True) if ahead and sched.running else None
-            done = self._collect(sh)
+            done = self._collect(sh, events)
             if done is not None and done[1].failure is not None:
                 planned = None  # planned on a tick that did not happen
-            if ahead and self._admit_late():
+            if ahead and self._admit_late(events):
                 planned = None  # requests came while the device computed: they join now
             if planned is None and sched.running:
                 planned = sched.plan()
             if planned is not None:
                 self._launch(sh, sched.batch(planned))
+            # the tick's tokens go out once the next tick is launched: the I/O thread that
+            # writes them takes the GIL whenever this thread lets it go, and its writes then
+            # overlap the device instead of holding up the launch
+            self._send(events)
             if done is not None:
                 sched.record(*done)
-            if not self._overlap and (done := self._collect(sh)) is not None:
-                sched.record(*done)  # nothing to overlap: the tick's tokens at once
+            if not self._overlap and (done := self._collect(sh, events)) is not None:
+                self._send(events)  # nothing to overlap: the tick's tokens at once
+                sched.record(*done)
         except Exception:  # a bug costs the running requests, not the daemon
             log.exception("tick failed: ending the running requests")
             sh.settle()
+            self._send(events)
             self.sink(sched.fail_running("internal error in the engine tick"))
 
-    def _collect(self, sh: Shard) -> tuple[Batch, TickResult] | None:
+    def _send(self, events: list[Outgoing]) -> None:
+        if events:
+            self.sink(events[:])
+            events.clear()
+
+    def _collect(self, sh: Shard, events: list[Outgoing]) -> tuple[Batch, TickResult] | None:
         """The tick in flight: release finished sequences while the device computes, wait for
-        it, sample, and send its tokens' events at once."""
+        it, sample; its tokens' events are added to ``events``."""
         inflight, sh.inflight = sh.inflight, None
         if inflight is None:
             return None
@@ -274,22 +287,18 @@ class Engine:
         freed = sh.scheduler.release_ended()
         overlap_s = time.perf_counter() - sh.window_t0
         result = sh.executor.collect(launched, overlap_s, freed > 0)
-        events = sh.scheduler.advance(launched.batch, seqs, result)
-        if events:
-            self.sink(events)
+        events += sh.scheduler.advance(launched.batch, seqs, result)
         return launched.batch, result
 
-    def _admit_late(self) -> bool:
+    def _admit_late(self, events: list[Outgoing]) -> bool:
         """Requests posted since the plan was made, admitted (a plan made ahead would leave
-        them for a tick more); whether there were any."""
+        them for a tick more), their events after ``events``; whether there were any."""
         ops = self._inbox.take_ready()
         if not ops:
             return False
-        events = self._apply(ops)
+        events += self._apply(ops)
         self._admit()
         events += self._join_arrivals()
-        if events:
-            self.sink(events)
         return True
 
     def _launch(self, sh: Shard, batch: Batch) -> None:

@@ -131,3 +131,36 @@ def test_a_cancel_while_a_tick_computes_leaves_its_id_to_the_next_request() -> N
     assert sorted((e.id, e.reason) for e in finals) == [("new", "length"), ("old", "cancelled")]
     assert tokens_of(events, "new") == [6, 7, 8, 9]  # a 5-token prompt: positions 5.. -> +1
     assert len(tokens_of(events, "old")) == 2  # the held tick's token was not sent
+
+
+def test_a_ticks_tokens_go_out_once_the_next_tick_is_launched() -> None:
+    """The I/O thread that writes a tick's tokens takes the GIL whenever the engine thread
+    lets it go: they are sent after the next tick's launch, while the device computes it,
+    and every token still comes out, in order, with its request's end."""
+    rt = Recording()
+    events: list = []
+    done = threading.Event()
+
+    def sink(batch):
+        rt.log.append(("sink", tuple(type(e).__name__ for _, e in batch)))
+        events.extend(batch)
+        if sum(isinstance(e, p.EosEvent) for _, e in events) >= 1:
+            done.set()
+
+    c = Constraints(n_batch=64, tick_budget_ms=50.0)
+    engine = Engine(rt, BaselinePolicy(), c, sink, seed=1, overlap=True)
+    req = p.Generate(id="a", prompt="x", max_tokens=6, temperature=0.0, ignore_eos=True)
+    engine.submit(Submission((1, "a"), req, PROMPT, 0))
+    engine.start()
+    assert done.wait(10)
+    engine.stop("test over")
+    engine.join(5)
+    kinds = [e[0] for e in rt.log]
+    token_sinks = [i for i, e in enumerate(rt.log) if e[0] == "sink" and "TokenEvent" in e[1]]
+    assert len(token_sinks) >= 4
+    # each sink of tokens but the last (the tick that ended the request) follows a sync
+    # (its tick collected) and then a decode (the next tick launched)
+    for i in token_sinks[:-1]:
+        before = [k for k in kinds[:i] if k in ("sync", "decode")]
+        assert before[-2:] == ["sync", "decode"], rt.log
+    assert len(tokens_of(events, "a")) == 6
