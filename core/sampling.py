@@ -180,10 +180,12 @@ def _sample(
     rows, width = logits.shape
     top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
     col = _arange(width)
-    at = _arange(rows)[:, None]
+    starts = _arange(rows)[:, None] * width  # each row's start in the flat arrays
     if ordered:
-        order = descending(logits)
-        ids, logits = ids[at, order], logits[at, order]
+        # 1-D indexing: numpy lets the GIL go for a 2-D gather at any size (runtime/gil.py)
+        order = (descending(logits) + starts).ravel()
+        ids = ids.ravel()[order].reshape(rows, width)
+        logits = logits.ravel()[order].reshape(rows, width)
     cand = logits.astype(np.float64)
     keep_k = col < top_k  # top-k (0 or none: the whole row)
     cand -= cand.max(axis=1, keepdims=True)  # the row's peak is 0
@@ -198,7 +200,7 @@ def _sample(
     pick = (cw <= u).sum(axis=1)
     if pick.max() >= width:  # u rounded up to the total: the last kept token
         pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
-    return ids[at[:, 0], pick]
+    return ids.ravel()[pick + starts[:, 0]]
 
 
 def descending(logits: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from uma_serve.core.runtime.gil import held
+from uma_serve.core.runtime.gil import held, memmove
 
 # rows from which candidates are read as one gather: row by row costs ~3 us a row, the
 # gather ~30 us (its pointer checks), measured on a 2-core CPU
@@ -60,8 +60,8 @@ class DeviceCandidates:
             n = min(_count_ith(ctx, row), k)
             src_ids = _candidates_ith(ctx, row)
             src_logits = _logits_ith(ctx, row)
-            ctypes.memmove(ids_at + r * size, src_ids, n * 4)
-            ctypes.memmove(logits_at + r * size, src_logits, n * 4)
+            memmove(ids_at + r * size, src_ids, n * 4)
+            memmove(logits_at + r * size, src_logits, n * 4)
             if n < k:
                 logits[r, n:] = -np.inf
         return ids, logits

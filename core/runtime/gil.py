@@ -1,12 +1,14 @@
-"""llama.cpp getters called with the GIL held.
+"""Calls the engine thread makes with the GIL held.
 
-A ctypes call releases the GIL and takes it back. While another thread waits for it (a
-launch thread whose llama_decode returned, the I/O thread), each release hands the GIL over
-and the engine thread then waits to get it back: on an H100 host (3 streams beside a
-request sent again and again, two contexts) the engine thread spent ~17% of its busy
-samples signalling a waiting thread or waiting for the GIL to come back. A getter that returns at once (a pointer, a count: the tick was synchronized
-before) keeps the GIL instead; calls that may take long (llama_decode, synchronize, KV
-operations, a grammar's checks) still release it.
+Each ctypes call, np.arange and 2-D numpy gather lets the GIL go and takes it back. When
+another thread waits for the GIL (a launch thread whose llama_decode returned, the I/O
+thread woken to write), every such release wakes it (a futex syscall, ~20 us on an H100
+host's VM) and it rarely gets the GIL, since its wait starts over at each wake-up. py-spy on
+an H100 host (3 streams and a request sent again and again, two contexts): 35% of the engine
+thread's busy samples were in those wake-ups and in waiting to get the GIL back. A getter
+that returns at once (a pointer, a count: the tick was synchronized before) keeps the GIL;
+calls that may take long (llama_decode, synchronize, KV operations, a grammar's checks)
+still release it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from typing import Any
 import llama_cpp.llama_cpp as _llama
 
 _HELD = ctypes.PyDLL(_llama._lib._name, handle=_llama._lib._handle)
+
+
+# ctypes.memmove's own binding releases the GIL
+memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes._memmove_addr  # type: ignore[attr-defined]
+)
 
 
 def held(func: Any) -> Any:
