@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from uma_serve.core.protocol import Sampling
 
 BANDS = (4.0, 8.0, 12.0, 16.0, 24.0)  # logits below the row's peak, checked band by band
-NEAR = 8.0  # the bands one first pass over the row serves: ~70 tokens at the median, 3,000 at most
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
@@ -105,9 +104,8 @@ class Grammar:
         """The allowed candidates among the row's best, in growing bands below its peak,
         until the band holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row),
         so they hold the allowed top-k exactly. EOG tokens are checked with the first band.
-        The bands within NEAR of the peak come from one pass over the row (each pass costs
-        ~65 us on a 262,144-token row, more than the grammar's checks of a band); only a
-        deeper band passes over the row again."""
+        A band is one comparison over the row (an exact top-n would be a partition of it:
+        ten times the cost, and most of a constrained token's)."""
         n = len(logits)
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
@@ -116,17 +114,12 @@ class Grammar:
         temp = max(p.temperature, 1e-6)
         cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
         peak = float(logits.max())
-        near = np.flatnonzero(logits >= peak - NEAR)
-        near_logits = logits[near]
         ok: list[np.ndarray] = []
         cands, above = self._eog, math.inf
         for gap in (*BANDS, math.inf):
             floor = peak - gap  # every unchecked token is below it
-            if gap <= NEAR:
-                band = near[(near_logits >= floor) & (near_logits < above)]  # the new ones
-            else:
-                band = np.flatnonzero((logits >= floor) & (logits < above))
-            cands = np.concatenate([cands, _without(band, self._eog)])
+            band = np.flatnonzero((logits >= floor) & (logits < above))  # the new ones
+            cands = np.concatenate([cands, band[~np.isin(band, self._eog)]])
             ok.append(cands[self.allows(cands, logits[cands])])
             allowed = np.concatenate(ok)
             if gap == math.inf or int((logits[allowed] >= floor).sum()) >= need:
@@ -137,11 +130,3 @@ class Grammar:
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
         return allowed, logits[allowed]
-
-
-def _without(ids: np.ndarray, drop: np.ndarray) -> np.ndarray:
-    """``ids`` less those in ``drop`` (a few ids: np.isin's sort costs more)."""
-    keep = np.ones(len(ids), dtype=bool)
-    for d in drop:
-        keep &= ids != d
-    return ids[keep]
