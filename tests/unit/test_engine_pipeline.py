@@ -48,8 +48,12 @@ class PlanLog(BaselinePolicy):
         return super().schedule_tick(state, constraints)
 
 
-def engine_on(rt: Recording, events: list, done: threading.Event, finals: int) -> Engine:
+def engine_on(
+    rt: Recording, events: list, done: threading.Event, finals: int, log_sinks: bool = False
+) -> Engine:
     def sink(batch):
+        if log_sinks:
+            rt.log.append(("sink", tuple(type(e).__name__ for _, e in batch)))
         events.extend(batch)
         if sum(isinstance(e, p.EosEvent | p.ErrorEvent) for _, e in events) >= finals:
             done.set()
@@ -62,19 +66,24 @@ def tokens_of(events: list, rid: str) -> list[int]:
     return [e.token_id for _, e in events if isinstance(e, p.TokenEvent) and e.id == rid]
 
 
-def test_the_next_tick_is_planned_while_the_device_computes_the_one_in_flight() -> None:
-    """Between a decode's launch and its synchronization the engine plans the next tick
-    (a GPU computes meanwhile); the tokens are those of ticks run one after another."""
-    rt = Recording()
-    events: list = []
+def run_one(rt: Recording, events: list, log_sinks: bool = False) -> None:
+    """One greedy request of 6 tokens through an engine on ``rt``, to its end."""
     done = threading.Event()
-    engine = engine_on(rt, events, done, 1)
+    engine = engine_on(rt, events, done, 1, log_sinks)
     req = p.Generate(id="a", prompt="x", max_tokens=6, temperature=0.0, ignore_eos=True)
     engine.submit(Submission((1, "a"), req, PROMPT, 0))
     engine.start()
     assert done.wait(10)
     engine.stop("test over")
     engine.join(5)
+
+
+def test_the_next_tick_is_planned_while_the_device_computes_the_one_in_flight() -> None:
+    """Between a decode's launch and its synchronization the engine plans the next tick
+    (a GPU computes meanwhile); the tokens are those of ticks run one after another."""
+    rt = Recording()
+    events: list = []
+    run_one(rt, events)
     kinds = [e[0] for e in rt.log]
     planned_in_flight = sum(
         1 for i in range(len(kinds) - 2) if kinds[i : i + 3] == ["decode", "plan", "sync"]
@@ -140,22 +149,7 @@ def test_a_ticks_tokens_go_out_once_the_next_tick_is_launched() -> None:
     request's end."""
     rt = Recording()
     events: list = []
-    done = threading.Event()
-
-    def sink(batch):
-        rt.log.append(("sink", tuple(type(e).__name__ for _, e in batch)))
-        events.extend(batch)
-        if sum(isinstance(e, p.EosEvent) for _, e in events) >= 1:
-            done.set()
-
-    c = Constraints(n_batch=64, tick_budget_ms=50.0)
-    engine = Engine(rt, BaselinePolicy(), c, sink, seed=1, overlap=True)
-    req = p.Generate(id="a", prompt="x", max_tokens=6, temperature=0.0, ignore_eos=True)
-    engine.submit(Submission((1, "a"), req, PROMPT, 0))
-    engine.start()
-    assert done.wait(10)
-    engine.stop("test over")
-    engine.join(5)
+    run_one(rt, events, log_sinks=True)
     kinds = [e[0] for e in rt.log]
     token_sinks = [i for i, e in enumerate(rt.log) if e[0] == "sink" and "TokenEvent" in e[1]]
     assert len(token_sinks) >= 4
