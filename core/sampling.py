@@ -30,6 +30,7 @@ import numpy as np
 
 from uma_serve.core import protocol as p
 from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
+from uma_serve.core.runtime.gil import count
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
@@ -179,8 +180,8 @@ def _sample(
     not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
     rows, width = logits.shape
     top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
-    col = _arange(width)
-    starts = _arange(rows)[:, None] * width  # each row's start in the flat arrays
+    col = count(width)
+    starts = count(rows)[:, None] * width  # each row's start in the flat arrays
     if ordered:
         # 1-D indexing: numpy lets the GIL go for a 2-D gather at any size (runtime/gil.py)
         order = (descending(logits) + starts).ravel()
@@ -210,17 +211,7 @@ def descending(logits: np.ndarray) -> np.ndarray:
     bits = (logits + np.float32(0.0)).view(np.int32).astype(np.int64)
     key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ascending with the float
     col_bits = max(int(logits.shape[1] - 1).bit_length(), 1)
-    return np.argsort(((-key) << col_bits) | _arange(logits.shape[1]), axis=1)
-
-
-_COUNT = np.arange(4096)
-_COUNT.flags.writeable = False
-
-
-def _arange(n: int) -> np.ndarray:
-    """0..n-1, a view for the widths a tick draws from: np.arange releases the GIL (for
-    nothing, at these sizes), and another thread waiting for it takes it (runtime/gil.py)."""
-    return _COUNT[:n] if n <= len(_COUNT) else np.arange(n)
+    return np.argsort(((-key) << col_bits) | count(logits.shape[1]), axis=1)
 
 
 def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -152,9 +152,14 @@ class Engine:
         history, and only the new turn is left to compute."""
         hashes = block_hashes(sub.prompt)
         cached = max(sh.scheduler.cached_estimate(hashes) for sh in self.shards)
-        uncached = len(sub.prompt) - cached
-        chat = prompt_class(sub.request.qos, uncached, self.prompt_allowance()) == INTERACTIVE
+        chat = self._chat_turn(sub, cached)
         self._inbox.post(msgspec.structs.replace(sub, prompt_hashes=hashes), interactive=chat)
+
+    def _chat_turn(self, sub: Submission, cached: int) -> bool:
+        """Whether the prompt work ``sub`` leaves, ``cached`` tokens of it held, is a chat
+        turn's (policy/work.py)."""
+        uncached = len(sub.prompt) - cached
+        return prompt_class(sub.request.qos, uncached, self.prompt_allowance()) == INTERACTIVE
 
     def cancel(self, key: RequestKey) -> None:
         self._inbox.post(Cancel(key))
@@ -329,8 +334,7 @@ class Engine:
             return self.scheduler
         scheds = [sh.scheduler for sh in self.shards]
         cached = [s.cached_estimate(sub.prompt_hashes) for s in scheds]
-        uncached = len(sub.prompt) - max(cached)
-        chat = prompt_class(sub.request.qos, uncached, self.prompt_allowance()) == INTERACTIVE
+        chat = self._chat_turn(sub, max(cached))
         spread = self._spread and chat and not any(s.holds_bulk() for s in scheds)
         sign = -1 if spread else 1
         ranks = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime.gil import count
 from uma_serve.core.runtime.params import Span
 
 
@@ -29,7 +30,7 @@ class DecodeBatch:
         for span in spans:
             n = len(span.tokens)
             self._tok[i : i + n] = span.tokens
-            self._pos[i : i + n] = np.arange(span.pos, span.pos + n, dtype=np.int32)
+            self._pos[i : i + n] = count(n) + span.pos
             self.logits[i : i + n] = 0
             for ptr in self._seq_ptrs[i : i + n]:
                 ptr[0] = span.seq_id

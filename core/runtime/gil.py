@@ -17,6 +17,7 @@ import ctypes
 from typing import Any
 
 import llama_cpp.llama_cpp as _llama
+import numpy as np
 
 _HELD = ctypes.PyDLL(_llama._lib._name, handle=_llama._lib._handle)
 
@@ -32,3 +33,12 @@ def held(func: Any) -> Any:
     quick = getattr(_HELD, func.__name__)
     quick.argtypes, quick.restype = func.argtypes, func.restype
     return quick
+
+
+_COUNT = np.arange(4096)
+_COUNT.flags.writeable = False
+
+
+def count(n: int) -> np.ndarray:
+    """0..n-1 as a read-only view for the sizes a tick uses: np.arange lets the GIL go."""
+    return _COUNT[:n] if n <= len(_COUNT) else np.arange(n)
