@@ -115,9 +115,14 @@ class Sequence:
         if item.phase is Phase.DECODE:
             assert self.next_token is not None
             tokens = [self.next_token, *self.draft[: n - 1]]
-            return Span(self.seq_id, self.n_past, tokens, True, all_logits=len(tokens) > 1)
+            return Span(self.seq_id, self.n_past, tokens, True, len(tokens) > 1, self._raw)
         last = item.logits and self.n_past + n == len(self.prompt)
-        return Span(self.seq_id, self.n_past, self.prompt[self.n_past : self.n_past + n], last)
+        chunk = self.prompt[self.n_past : self.n_past + n]
+        return Span(self.seq_id, self.n_past, chunk, last, raw_logits=last and self._raw)
+
+    @property
+    def _raw(self) -> bool:
+        return self.sampler is not None and self.sampler.raw_too
 
     def draw(self, item: BatchItem, span: Span) -> Draw | None:
         """How the item's logits are sampled (None: it has none): a drafted decode's drafts
