@@ -218,14 +218,20 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
         for kind in ("numpy", "backend-topk"):
             (tmp_path / kind).mkdir()
             daemons.append(start_daemon(tmp_path / kind, "--sampler", kind, *flags))
+        weather = json_schema_gbnf(SCHEMA)
         requests = [
             gen("The three laws of motion", max_tokens=24, repeat_penalty=1.2),
             gen("def fibonacci(n):", max_tokens=24, temperature=0.0, ignore_eos=True),
             gen("Once upon a time,", max_tokens=24, temperature=0.8, top_k=40, seed=11),
             gen("a b c d a b c d a b c d a b c d a b", max_tokens=24, temperature=0.0),
             # a grammar: the whole row on the host; from the device's top-k, its row beside it
-            gen("The weather in Paris as JSON:", max_tokens=40, temperature=0.8, seed=5,
-                grammar=json_schema_gbnf(SCHEMA)),  # fmt: skip
+            gen(
+                "The weather in Paris as JSON:",
+                max_tokens=40,
+                temperature=0.8,
+                seed=5,
+                grammar=weather,
+            ),
         ]
         for req in requests:
             texts = []
