@@ -12,7 +12,10 @@ request needs its whole row (a bias, penalties, a wider top-k, logprobs): that s
 device top-k is detached (and stays so until a request that can use it gets the sequence,
 see ``Sampler.detached``). A grammar draws from the device's top-k like any row, and its
 whole row is copied beside it (``Span.raw_logits``) for the draws the top-k cannot settle
-(``raw_too``; a whole row for it where the runtime cannot). A whole row (every row on a CPU)
+(``raw_too``; a whole row for it where the runtime cannot). Copying it copies every row of
+the decode (16 streams lost a quarter of their speed on an H100 with it in every decode),
+so a plain decode goes without it, and a draw it cannot settle is a ``REDO``: the token is
+decoded again with the row, its RNG as it was. A whole row (every row on a CPU)
 is biased and penalised in place, then cut to what can be drawn (greedy: the argmax; top-k:
 the k best; top-p alone: the tokens near the peak that hold the nucleus; else the whole row),
 never sorting the vocabulary. From there all rows are one (rows, width) array drawn with one
@@ -35,6 +38,7 @@ from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 from uma_serve.core.runtime.gil import count
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
+REDO = -1  # a row's token, not drawn: decode it again with its raw logits (``Row.raw``)
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
 
 
@@ -71,6 +75,7 @@ class SamplerState:
         self.grammar = grammar
         self.full_row = False
         self.raw_too = False  # drawn from the device's top-k, its whole row copied beside it
+        self.raw_next = False  # a REDO: its next decode brings its raw logits
         # the draw's parameters as one tuple (top-k as a width: none is any width)
         self.chain = (
             params.top_k if params.top_k > 0 else math.inf,
@@ -285,6 +290,7 @@ class Row(NamedTuple):
     state: SamplerState
     row: int
     logprobs: int | None = None
+    raw: bool = False  # its raw logits came beside the device's top-k (Span.raw_logits)
 
 
 class Sampler:
@@ -340,15 +346,29 @@ class Sampler:
         """The tokens of a tick's rows, and each one's logprobs when its request asks."""
         # the model's own rows, before bias and penalties change them in place
         raw = [None if r.logprobs is None else self._row(r).copy() for r in rows]
+        # a REDO draws again from the RNG as it was
+        rngs = {i: r.state.rng.bit_generator.state for i, r in enumerate(rows)
+                if r.state.raw_too and not r.raw}  # fmt: skip
         tokens, device = self._draw(rows)
         refused = [i for i, r in enumerate(rows) if not self._allows(r, tokens[i])]
-        if refused:  # a grammar's second draw, from the tokens it allows
-            states = [rows[i].state for i in refused]
-            allowed = [self._allowed(rows[i], device.get(i)) for i in refused]
-            for i, token in zip(refused, draw(states, *stack(allowed)), strict=True):
+        allowed = {i: self._allowed(rows[i], device.get(i)) for i in refused}
+        redo = [i for i, c in allowed.items() if c is None]
+        for i in redo:
+            tokens[i] = REDO
+            rows[i].state.rng.bit_generator.state = rngs[i]
+            rows[i].state.raw_next = True
+        drawn = [i for i, c in allowed.items() if c is not None]
+        if drawn:  # a grammar's second draw, from the tokens it allows
+            states = [rows[i].state for i in drawn]
+            cands = stack([c for c in allowed.values() if c is not None])
+            for i, token in zip(drawn, draw(states, *cands), strict=True):
                 tokens[i] = token
         out: list[tuple[int, p.Logprobs | None]] = []
         for r, token, row in zip(rows, tokens, raw, strict=True):
+            if token == REDO:
+                out.append((REDO, None))
+                continue
+            r.state.raw_next = False
             r.state.accept(token)
             k = r.logprobs or 0
             out.append((token, None if row is None else logprobs_of(row, token, k, self._piece)))
@@ -381,15 +401,18 @@ class Sampler:
                 tokens[i] = token
         return tokens, cands
 
-    def _allowed(self, r: Row, cands: tuple[np.ndarray, ...] | None) -> Candidates:
+    def _allowed(self, r: Row, cands: tuple[np.ndarray, ...] | None) -> Candidates | None:
         """The tokens a row's grammar allows that the chain could draw: from the device's
-        top-k where they settle it, else from the whole row."""
+        top-k where they settle it, else from the whole row; None where it did not come
+        (a REDO)."""
         grammar = r.state.grammar
         assert grammar is not None
         if cands is not None:
             found = grammar.allowed_among(*cands, r.state.p, self.runtime.n_vocab)
             if found is not None:
                 return Candidates(*found)
+            if not r.raw:
+                return None
         return Candidates(*grammar.allowed(self._row(r), r.state.p))
 
     def _row(self, r: Row) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 from uma_serve.core.runtime.grammar import GrammarError, check_grammar
-from uma_serve.core.sampling import Row, Sampler, SamplerState
+from uma_serve.core.sampling import REDO, Row, Sampler, SamplerState
 
 from .helpers import gen
 
@@ -207,8 +207,9 @@ def test_the_device_top_k_settles_the_search_as_the_whole_row_does(runtime) -> N
 def test_a_grammars_row_comes_whole_beside_its_device_top_k() -> None:
     """A span with ``raw_logits`` keeps its sequence's device top-k and gets its raw row too
     (a companion token without a device sampler joins the decode, and its cell goes after),
-    also in a batch already full; a grammar drawn from the top-k draws what the whole row
-    gives, token for token."""
+    also in a batch already full. A grammar drawn from the top-k draws what the whole row
+    gives, token for token: where the top-k does not settle it, a row without its raw
+    logits is a REDO (the RNG as it was), and the same row with them gives the token."""
     import llama_cpp as ll
 
     from uma_serve.bench.grammar_mix import SCHEMA
@@ -235,12 +236,17 @@ def test_a_grammars_row_comes_whole_beside_its_device_top_k() -> None:
             method = getattr(device.grammar, name)
             setattr(device.grammar, name, lambda *a, m=method, n=name: calls.update(
                 {n: calls[n] + 1}) or m(*a))  # fmt: skip
-        pos, row_ix = len(prompt), rows[1]
+        pos, row_ix, redo = len(prompt), rows[1], 0
         for _ in range(120):
             ids, logits = rt.candidates([row_ix])
             row = np.array(rt.logits_row(row_ix))
             assert np.array_equal(np.sort(logits[0]), np.sort(row)[-64:]), pos  # the raw row
             [(token, _)] = sampler.sample([Row(device, row_ix)])
+            if token == REDO:
+                assert device.raw_next and calls["allowed_among"] > calls["allowed"]
+                redo += 1
+                [(token, _)] = sampler.sample([Row(device, row_ix, raw=True)])
+            assert not device.raw_next
             [(theirs, _)] = sampler.sample([Row(whole, row_ix)])
             assert token == theirs
             if rt.is_eog(token):
@@ -250,7 +256,7 @@ def test_a_grammars_row_comes_whole_beside_its_device_top_k() -> None:
             assert rc == 0
             pos += 1
         assert rt.is_eog(token)  # the answer is complete
-        assert calls["allowed_among"] > calls["allowed"] > 0, calls
+        assert calls["allowed_among"] > calls["allowed"] == redo > 0, (calls, redo)
         device.free()
         whole.free()
     finally:
