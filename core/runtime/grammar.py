@@ -68,15 +68,51 @@ def check_grammar(vocab: ll.llama_vocab_p, text: str) -> None:
     ll.llama_sampler_free(parse_grammar(vocab, text))
 
 
+class FirstChars:
+    """Each token's first byte, and a token that is just that byte: a band's tokens whose
+    first byte the grammar refuses are ruled out without llama.cpp's check, which walks each
+    token's text (0.2 us a token: most of a search that goes deep, where the grammar allows
+    a quote the model ranks 16 logits below its peak and 160,000 tokens lie above that). A
+    lone UTF-8 lead byte passes the check where a character it begins may follow. Built once
+    per context, at its first grammar (262,144 texts: 0.34 s on the 2-core CPU)."""
+
+    EMPTY, EOG = 256, 257  # no text: llama.cpp's grammar refuses it; an EOG: not by its text
+
+    def __init__(self, vocab: ll.llama_vocab_p) -> None:
+        n = ll.llama_vocab_n_tokens(vocab)
+        self.first = np.full(n, self.EMPTY, dtype=np.int16)
+        self.single = np.full(256, -1, dtype=np.int64)  # a token that is that one byte
+        buf = ctypes.create_string_buffer(256)
+        to_piece = ll.llama_token_to_piece
+        for t in range(n):  # as llama.cpp's grammar reads a token: its text, special too
+            k = to_piece(vocab, t, buf, 256, 0, True)
+            if k < 0:
+                buf = ctypes.create_string_buffer(-k)
+                k = to_piece(vocab, t, buf, -k, 0, True)
+            if ll.llama_vocab_is_eog(vocab, t):
+                self.first[t] = self.EOG
+            elif k > 0:
+                self.first[t] = buf.raw[0]
+                if k == 1 and self.single[buf.raw[0]] < 0:
+                    self.single[buf.raw[0]] = t
+
+
 class Grammar:
     """One sequence's grammar: the chain (core/sampling.py) asks it whether its drawn token is
     allowed and, when not, for the allowed candidates of the row."""
 
-    def __init__(self, vocab: ll.llama_vocab_p, text: str, eog: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        vocab: ll.llama_vocab_p,
+        text: str,
+        eog: tuple[int, ...] = (),
+        first_chars: FirstChars | None = None,
+    ) -> None:
         self._grammar: ll.llama_sampler_p | None = parse_grammar(vocab, text)
         # end-of-generation tokens are always checked first: once the grammar is complete
         # they are all it allows, and they are rarely among the row's best
         self._eog = np.array(eog, dtype=np.int64)
+        self._first_chars = first_chars
 
     def free(self) -> None:
         if self._grammar is not None:
@@ -146,6 +182,7 @@ class Grammar:
                 return None
         ok: list[np.ndarray] = []
         above = math.inf
+        starts = None  # which first characters the grammar allows now (a whole row's search)
         for gap in (*BANDS, math.inf):
             floor = peak - gap  # every unchecked token is below it
             if lowest > -math.inf and floor <= lowest:
@@ -153,6 +190,9 @@ class Grammar:
             band = np.flatnonzero((logits >= floor) & (logits < above))  # the new ones
             if ids is None:
                 band = band[~np.isin(band, self._eog)]
+                if self._first_chars is not None:
+                    starts = self._starts() if starts is None else starts
+                    band = band[starts[self._first_chars.first[band]]]
             else:  # in id order, as over the whole row
                 band = band[np.argsort(token_of[band], kind="stable")]
                 band = band[~np.isin(token_of[band], self._eog)]
@@ -168,3 +208,14 @@ class Grammar:
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
         return (allowed if ids is None else token_of[allowed]), logits[allowed]
+
+    def _starts(self) -> np.ndarray:
+        """Whether a token with each first byte (FirstChars.first) may be allowed now: one
+        check of the one-byte tokens (a byte without one: maybe)."""
+        fc = self._first_chars
+        assert fc is not None
+        starts = np.ones(FirstChars.EOG + 1, dtype=bool)
+        starts[FirstChars.EMPTY] = False
+        have = np.flatnonzero(fc.single >= 0)
+        starts[have] = self.allows(fc.single[have], np.zeros(len(have), np.float32))
+        return starts

@@ -17,7 +17,7 @@ import numpy as np
 from uma_serve.core.runtime.batch import DecodeBatch
 from uma_serve.core.runtime.candidates import DeviceCandidates
 from uma_serve.core.runtime.gil import held
-from uma_serve.core.runtime.grammar import Grammar
+from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
 from uma_serve.core.runtime.launcher import Launcher
 from uma_serve.core.runtime.model_info import ModelInfo
@@ -124,6 +124,7 @@ class Runtime(KvMemory):
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
         self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
+        self._first_chars: FirstChars | None = None  # at the first grammar (grammar.py)
         log.info(
             "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
             self.model_name,
@@ -385,7 +386,9 @@ class Runtime(KvMemory):
             ll.llama_sampler_free(old)
 
     def grammar(self, text: str) -> Grammar:
-        return Grammar(self.vocab, text, self.eog_tokens)
+        if self._first_chars is None:
+            self._first_chars = FirstChars(self.vocab)
+        return Grammar(self.vocab, text, self.eog_tokens, self._first_chars)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):

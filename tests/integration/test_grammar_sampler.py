@@ -261,3 +261,37 @@ def test_a_grammars_row_comes_whole_beside_its_device_top_k() -> None:
         whole.free()
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize(
+    ("grammar", "answer", "most"),
+    [
+        ("json", '{"city": "Paris", "unit": "celsius"', 0.9),
+        ('root ::= "caf" ("é" | "è") " " [α-ω]+', "café αβ", 0.9),
+        ('root ::= [^a-z]+ "x"', "AB", 0.1),  # it allows much: a little is ruled out
+    ],
+)
+def test_a_first_byte_the_grammar_refuses_rules_out_only_refused_tokens(
+    runtime, grammar, answer, most
+) -> None:
+    """A whole row's search skips the tokens whose first byte the grammar refuses now (one
+    check of the one-byte tokens): every token the grammar allows has a first byte that
+    passes, also where the next character is multi-byte UTF-8, and most tokens are ruled out
+    where the grammar allows little."""
+    from uma_serve.bench.grammar_mix import SCHEMA
+    from uma_serve.core.runtime.grammar import json_schema_gbnf
+
+    text = json_schema_gbnf(SCHEMA) if grammar == "json" else grammar
+    state = Sampler(runtime).new(0, gen(temperature=0.0, grammar=text), 0)
+    g = state.grammar
+    assert g is not None
+    every = np.arange(runtime.n_vocab)
+    ruled_out = []
+    for token in runtime.tokenize(answer, add_special=False):
+        allowed = g.allows(every, np.zeros(len(every), np.float32))
+        passes = g._starts()[g._first_chars.first]
+        assert passes[allowed].all(), [runtime.piece(int(t)) for t in every[allowed & ~passes]]
+        ruled_out.append(1 - passes.mean())
+        g.accept(token)
+    state.free()
+    assert max(ruled_out) > most, ruled_out
