@@ -8,14 +8,9 @@ with llama.cpp's own chain, tests/llama_chain.py).
 
 A row enters the chain as candidates. With a device top-k (the default on a GPU) the device
 keeps each row's best ``device_top_k`` logits and only they cross to the host, unless the
-request needs its whole row (a bias, penalties, a wider top-k, logprobs): that sequence's
-device top-k is detached (and stays so until a request that can use it gets the sequence,
-see ``Sampler.detached``). A grammar draws from the device's top-k like any row, and its
-whole row is copied beside it (``Span.raw_logits``) for the draws the top-k cannot settle
-(``raw_too``; a whole row for it where the runtime cannot). Copying it copies every row of
-the decode (16 streams lost a quarter of their speed on an H100 with it in every decode),
-so a plain decode goes without it, and a draw it cannot settle is a ``REDO``: the token is
-decoded again with the row, its RNG as it was. A whole row (every row on a CPU)
+request needs its whole row (a bias, penalties, a grammar, a wider top-k, logprobs): that
+sequence's device top-k is detached (and stays so until a request that can use it gets the
+sequence, see ``Sampler.detached``). A whole row (every row on a CPU)
 is biased and penalised in place, then cut to what can be drawn (greedy: the argmax; top-k:
 the k best; top-p alone: the tokens near the peak that hold the nucleus; else the whole row),
 never sorting the vocabulary. From there all rows are one (rows, width) array drawn with one
@@ -38,7 +33,6 @@ from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 from uma_serve.core.runtime.gil import count
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
-REDO = -1  # a row's token, not drawn: decode it again with its raw logits (``Row.raw``)
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
 
 
@@ -74,8 +68,6 @@ class SamplerState:
         self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self.grammar = grammar
         self.full_row = False
-        self.raw_too = False  # drawn from the device's top-k, its whole row copied beside it
-        self.raw_next = False  # a REDO: its next decode brings its raw logits
         # the draw's parameters as one tuple (top-k as a width: none is any width)
         self.chain = (
             params.top_k if params.top_k > 0 else math.inf,
@@ -84,8 +76,8 @@ class SamplerState:
             params.temperature,
         )
 
-    def needs_full_row(self, device_k: int, raw_rows: bool = False) -> bool:
-        return needs_full_row(self.p, device_k, self.grammar is not None, raw_rows=raw_rows)
+    def needs_full_row(self, device_k: int) -> bool:
+        return needs_full_row(self.p, device_k, grammar=self.grammar is not None)
 
     def accept(self, token: int) -> None:
         if self.history.maxlen:
@@ -130,22 +122,17 @@ class SamplerState:
 
 
 def needs_full_row(
-    params: p.Sampling,
-    device_k: int,
-    grammar: bool = False,
-    logprobs: bool = False,
-    raw_rows: bool = False,
+    params: p.Sampling, device_k: int, grammar: bool = False, logprobs: bool = False
 ) -> bool:
     """True when a device top-k of ``device_k`` cannot stand in for the whole row: a bias,
-    penalties or a grammar change logits before any cut (a grammar's row is read beside the
-    top-k where the runtime copies it, ``raw_rows``), logprobs are the row's, and a wider
+    penalties or a grammar change logits before any cut, logprobs are the row's, and a wider
     top-k (or none) needs tokens the device dropped."""
     penalized = (
         params.repeat_penalty != 1.0
         or params.frequency_penalty != 0.0
         or params.presence_penalty != 0.0
     )
-    if (grammar and not raw_rows) or logprobs or penalized or params.logit_bias:
+    if grammar or logprobs or penalized or params.logit_bias:
         return True
     return params.temperature > 0.0 and not (0 < params.top_k <= device_k)
 
@@ -290,7 +277,6 @@ class Row(NamedTuple):
     state: SamplerState
     row: int
     logprobs: int | None = None
-    raw: bool = False  # its raw logits came beside the device's top-k (Span.raw_logits)
 
 
 class Sampler:
@@ -308,7 +294,7 @@ class Sampler:
 
     def _full_row(self, req: p.Generate) -> bool:
         grammar, logprobs = req.grammar is not None, req.logprobs is not None
-        return needs_full_row(req, self.device_k, grammar, logprobs, self.runtime.raw_rows)
+        return needs_full_row(req, self.device_k, grammar=grammar, logprobs=logprobs)
 
     def suits(self, req: p.Generate) -> Callable[[int], bool] | None:
         """Which sequence ids ``req`` can take without a (de)tach (None: any)."""
@@ -325,7 +311,6 @@ class Sampler:
         if not self.device_k:
             return state
         state.full_row = self._full_row(req)
-        state.raw_too = grammar is not None and not state.full_row
         if state.full_row != (seq_id in self.detached):
             self.detached ^= {seq_id}
             if self._changes.pop(seq_id, None) is None:  # else: it undoes a pending change
@@ -346,47 +331,31 @@ class Sampler:
         """The tokens of a tick's rows, and each one's logprobs when its request asks."""
         # the model's own rows, before bias and penalties change them in place
         raw = [None if r.logprobs is None else self._row(r).copy() for r in rows]
-        # a REDO draws again from the RNG as it was
-        rngs = {i: r.state.rng.bit_generator.state for i, r in enumerate(rows)
-                if r.state.raw_too and not r.raw}  # fmt: skip
-        tokens, device = self._draw(rows)
+        tokens = self._draw(rows)
         refused = [i for i, r in enumerate(rows) if not self._allows(r, tokens[i])]
-        allowed = {i: self._allowed(rows[i], device.get(i)) for i in refused}
-        redo = [i for i, c in allowed.items() if c is None]
-        for i in redo:
-            tokens[i] = REDO
-            rows[i].state.rng.bit_generator.state = rngs[i]
-            rows[i].state.raw_next = True
-        drawn = [i for i, c in allowed.items() if c is not None]
-        if drawn:  # a grammar's second draw, from the tokens it allows
-            states = [rows[i].state for i in drawn]
-            cands = stack([c for c in allowed.values() if c is not None])
-            for i, token in zip(drawn, draw(states, *cands), strict=True):
+        if refused:  # a grammar's second draw, from the tokens it allows
+            states = [rows[i].state for i in refused]
+            allowed = [Candidates(*s.grammar.allowed(self._row(rows[i]), s.p))  # type: ignore[union-attr]
+                       for i, s in zip(refused, states, strict=True)]  # fmt: skip
+            for i, token in zip(refused, draw(states, *stack(allowed)), strict=True):
                 tokens[i] = token
         out: list[tuple[int, p.Logprobs | None]] = []
         for r, token, row in zip(rows, tokens, raw, strict=True):
-            if token == REDO:
-                out.append((REDO, None))
-                continue
-            r.state.raw_next = False
             r.state.accept(token)
             k = r.logprobs or 0
             out.append((token, None if row is None else logprobs_of(row, token, k, self._piece)))
         return out
 
-    def _draw(self, rows: list[Row]) -> tuple[list[int], dict[int, tuple[np.ndarray, ...]]]:
+    def _draw(self, rows: list[Row]) -> list[int]:
         """Every row's first draw: device rows as the device gave them, host rows prepared and
-        cut; rows as wide as the vocabulary apart, so the others are not padded to it. Also
-        each device row's candidates (ids, logits) by its index, valid until the next read."""
+        cut; rows as wide as the vocabulary apart, so the others are not padded to it."""
         tokens = [0] * len(rows)
         device = [i for i, r in enumerate(rows) if self.device_k and not r.state.full_row]
-        cands: dict[int, tuple[np.ndarray, ...]] = {}
         if device:
             ids, logits = self.runtime.candidates([rows[i].row for i in device])
             picks = draw([rows[i].state for i in device], ids, logits)
-            for j, (i, token) in enumerate(zip(device, picks, strict=True)):
+            for i, token in zip(device, picks, strict=True):
                 tokens[i] = token
-                cands[i] = (ids[j], logits[j])
         host: dict[bool, list[tuple[int, Candidates]]] = {}
         for i, r in enumerate(rows):
             if not self.device_k or r.state.full_row:
@@ -399,21 +368,7 @@ class Sampler:
             picks = draw(states, *stack([c for _, c in group]), by_id=whole)
             for (i, _), token in zip(group, picks, strict=True):
                 tokens[i] = token
-        return tokens, cands
-
-    def _allowed(self, r: Row, cands: tuple[np.ndarray, ...] | None) -> Candidates | None:
-        """The tokens a row's grammar allows that the chain could draw: from the device's
-        top-k where they settle it, else from the whole row; None where it did not come
-        (a REDO)."""
-        grammar = r.state.grammar
-        assert grammar is not None
-        if cands is not None:
-            found = grammar.allowed_among(*cands, r.state.p, self.runtime.n_vocab)
-            if found is not None:
-                return Candidates(*found)
-            if not r.raw:
-                return None
-        return Candidates(*grammar.allowed(self._row(r), r.state.p))
+        return tokens
 
     def _row(self, r: Row) -> np.ndarray:
         return self.runtime.logits_row(r.row)

@@ -15,7 +15,7 @@ import time
 from uma_serve.core import protocol as p
 from uma_serve.core.engine.tick import Batch, Draw, Failure, Launched, Sampled, TickResult
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.sampling import REDO, Row, Sampler
+from uma_serve.core.sampling import Row, Sampler
 
 ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 
@@ -61,7 +61,7 @@ class Executor:
                 plain.append(i)
         picks = self.sampler.sample([row_of(batch.draws[i], rows[i]) for i in plain])
         for i, (token, lp) in zip(plain, picks, strict=True):
-            out[i] = Sampled(redo=True) if token == REDO else Sampled((token,), (lp,))
+            out[i] = Sampled((token,), (lp,))
         return tuple(out)
 
     def _verify(self, draw: Draw, row: int) -> Sampled:
@@ -83,7 +83,7 @@ class Executor:
 
 def row_of(draw: Draw | None, row: int) -> Row:
     assert draw is not None
-    return Row(draw.sampler, row, draw.logprobs, draw.raw)
+    return Row(draw.sampler, row, draw.logprobs)
 
 
 def classify(rc: int, freed: bool) -> Failure:

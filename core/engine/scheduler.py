@@ -284,13 +284,9 @@ class Scheduler:
             if seq.seq_id not in served:
                 seq.burst = 0
         drafted: list[tuple[Sequence, int, Sampled]] = []
-        for item, span, seq, got in zip(batch.plan.items, batch.spans, seqs, sampled, strict=True):
+        for item, seq, got in zip(batch.plan.items, seqs, sampled, strict=True):
             if self.running.get(seq.seq_id) is not seq:
                 continue  # cancelled while its tick computed
-            if got.redo:  # its token again, at the same position, with its raw logits
-                seq.n_past, seq.next_token = span.pos, span.tokens[0]
-                self.runtime.seq_trim(seq.seq_id, span.pos)
-                continue
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE and item.n_tokens > 1:

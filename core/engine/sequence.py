@@ -115,20 +115,9 @@ class Sequence:
         if item.phase is Phase.DECODE:
             assert self.next_token is not None
             tokens = [self.next_token, *self.draft[: n - 1]]
-            drafted = len(tokens) > 1
-            raw = drafted or (self.sampler is not None and self.sampler.raw_next)
-            return Span(self.seq_id, self.n_past, tokens, True, drafted, raw and self._raw)
+            return Span(self.seq_id, self.n_past, tokens, True, all_logits=len(tokens) > 1)
         last = item.logits and self.n_past + n == len(self.prompt)
-        chunk = self.prompt[self.n_past : self.n_past + n]
-        return Span(self.seq_id, self.n_past, chunk, last, raw_logits=last and self._raw)
-
-    @property
-    def _raw(self) -> bool:
-        """Its rows may need their raw logits beside the device's top-k (a grammar's): always
-        so for a prompt's last row and a drafted decode's rows; a plain decode asks for
-        them only to decode its token again (``SamplerState.raw_next``), as copying them
-        copies every row of the decode."""
-        return self.sampler is not None and self.sampler.raw_too
+        return Span(self.seq_id, self.n_past, self.prompt[self.n_past : self.n_past + n], last)
 
     def draw(self, item: BatchItem, span: Span) -> Draw | None:
         """How the item's logits are sampled (None: it has none): a drafted decode's drafts
@@ -137,7 +126,7 @@ class Sequence:
             return None
         assert self.sampler is not None
         drafts = tuple(span.tokens[1:]) if item.phase is Phase.DECODE else ()
-        return Draw(self.sampler, self.request.logprobs, drafts, span.raw_logits)
+        return Draw(self.sampler, self.request.logprobs, drafts)
 
     def kv_tokens(self) -> list[int]:
         """The tokens whose KV this sequence holds, in position order."""

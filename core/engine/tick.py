@@ -30,7 +30,6 @@ class Draw:
     sampler: SamplerState
     logprobs: int | None = None
     drafts: tuple[int, ...] = ()
-    raw: bool = False  # its rows' raw logits come beside the device's top-k (Span.raw_logits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +60,10 @@ class Failure(Enum):
 @dataclass(frozen=True, slots=True)
 class Sampled:
     """One item's sampled tokens: none (a prefill chunk without logits), one, or for a
-    decode with drafts the tokens drawn row by row while they agreed with the drafts.
-    ``redo``: none, as its grammar needs the row's raw logits, which this decode lacked: the
-    token is decoded again, with them."""
+    decode with drafts the tokens drawn row by row while they agreed with the drafts."""
 
     tokens: tuple[int, ...] = ()
     logprobs: tuple[p.Logprobs | None, ...] = ()
-    redo: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,6 @@ class Constraint(Protocol):
 
     def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray: ...
     def allowed(self, row: np.ndarray, p: proto.Sampling) -> tuple[np.ndarray, np.ndarray]: ...
-    def allowed_among(
-        self, ids: np.ndarray, logits: np.ndarray, p: proto.Sampling, n_vocab: int
-    ) -> tuple[np.ndarray, np.ndarray] | None: ...
     def accept(self, token: int) -> None: ...
     def free(self) -> None: ...
 
@@ -32,8 +29,6 @@ class RuntimeApi(Protocol):
     params: RuntimeParams
     n_ctx: int  # KV cells in all
     n_ctx_per_seq: int  # prompt + output a sequence may hold
-    n_vocab: int
-    raw_rows: bool  # a span may ask for its rows' raw logits beside the device's top-k
 
     # ---- decode ----
     def decode(self, spans: list[Span]) -> tuple[int, list[int]]:

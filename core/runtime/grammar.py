@@ -9,10 +9,8 @@ its peak (4, 8, 12, 16, 24 logits, then all) until ``top_k`` of them pass (greed
 the top-k of the allowed tokens is what a whole-row mask would give, or until those not checked are
 all too unlikely to be drawn (under the best allowed token's by min-p's ratio, or together
 under 1e-4 of it without min-p): without that, a grammar allowing fewer than ``top_k``
-tokens (a quote, a brace) scans the whole row at every such step. With a device top-k the
-first draw and the search start from the row's 64 best tokens; the whole row is read only
-where they do not settle the search. The chain itself (bias, penalties, top-k / top-p /
-min-p, temperature, the draw) is core/sampling.py's, for every row.
+tokens (a quote, a brace) scans the whole row at every such step. The chain itself (bias,
+penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's, for every row.
 """
 
 from __future__ import annotations
@@ -143,26 +141,9 @@ class Grammar:
         until the band holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row),
         so they hold the allowed top-k exactly. EOG tokens are checked with the first band.
         A band is one comparison over the row (an exact top-n would be a partition of it:
-        ten times the cost, and most of a constrained token's)."""
-        found = self._search(None, logits, p, len(logits))
-        assert found is not None  # the whole row settles every search
-        return found
-
-    def allowed_among(
-        self, ids: np.ndarray, logits: np.ndarray, p: Sampling, n_vocab: int
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """``allowed``'s answer from the row's best tokens alone (the device's top-k: ids and
-        their logits), or None where they do not settle it: a band reaches down to the
-        lowest of them (the row's other tokens lie at or below it), or the grammar allows an
-        EOG token they do not hold (its logit is unknown)."""
-        finite = np.isfinite(logits)
-        return self._search(ids[finite], logits[finite], p, n_vocab)
-
-    def _search(
-        self, ids: np.ndarray | None, logits: np.ndarray, p: Sampling, n: int
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The band search over ``logits``: the whole row (``ids`` None: a token's id is its
-        index) or some of its best tokens (their ``ids``; None when they fall short)."""
+        ten times the cost, and most of a constrained token's); of its tokens, only those
+        whose first byte the grammar may allow now are checked (FirstChars)."""
+        n = len(logits)
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
         # drop it; without min-p, all the unchecked tokens together would hold under 1e-4 of
@@ -170,35 +151,18 @@ class Grammar:
         temp = max(p.temperature, 1e-6)
         cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
         peak = float(logits.max())
-        # a band must lie above the lowest of the tokens at hand (the others are at or below)
-        lowest = float(logits.min()) if ids is not None and len(ids) < n else -math.inf
-        if ids is None:  # the whole row
-            token_of, cands = np.arange(0), self._eog
-        else:
-            token_of = ids.astype(np.int64)
-            cands = np.flatnonzero(np.isin(token_of, self._eog))
-            absent = np.setdiff1d(self._eog, token_of[cands])
-            if len(absent) and self.allows(absent, np.zeros(len(absent), np.float32)).any():
-                return None
         ok: list[np.ndarray] = []
-        above = math.inf
-        starts = None  # which first characters the grammar allows now (a whole row's search)
+        cands, above = self._eog, math.inf
+        starts = None  # which first bytes the grammar allows now
         for gap in (*BANDS, math.inf):
             floor = peak - gap  # every unchecked token is below it
-            if lowest > -math.inf and floor <= lowest:
-                return None  # the band reaches past the tokens at hand
             band = np.flatnonzero((logits >= floor) & (logits < above))  # the new ones
-            if ids is None:
-                band = band[~np.isin(band, self._eog)]
-                if self._first_chars is not None:
-                    starts = self._starts() if starts is None else starts
-                    band = band[starts[self._first_chars.first[band]]]
-            else:  # in id order, as over the whole row
-                band = band[np.argsort(token_of[band], kind="stable")]
-                band = band[~np.isin(token_of[band], self._eog)]
+            band = band[~np.isin(band, self._eog)]
+            if self._first_chars is not None:
+                starts = self._starts() if starts is None else starts
+                band = band[starts[self._first_chars.first[band]]]
             cands = np.concatenate([cands, band])
-            tokens = cands if ids is None else token_of[cands]
-            ok.append(cands[self.allows(tokens, logits[cands])])
+            ok.append(cands[self.allows(cands, logits[cands])])
             allowed = np.concatenate(ok)
             if gap == math.inf or int((logits[allowed] >= floor).sum()) >= need:
                 break
@@ -207,7 +171,7 @@ class Grammar:
             cands, above = np.empty(0, dtype=np.int64), floor
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
-        return (allowed if ids is None else token_of[allowed]), logits[allowed]
+        return allowed, logits[allowed]
 
     def _starts(self) -> np.ndarray:
         """Whether a token with each first byte (FirstChars.first) may be allowed now: one

@@ -52,7 +52,6 @@ class Span:
     tokens: list[int]
     logits: bool  # logits for the span's last token
     all_logits: bool = False  # logits for every token (speculative verification)
-    raw_logits: bool = False  # its rows' raw logits too, beside the device's top-k (a grammar's)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
 # only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
 STANDARD_SWA = frozenset({"gemma2", "gemma3", "gemma3n", "cohere2"})
-# read after the tick's synchronize (gil.py)
-_logits_ith, _logits = held(ll.llama_get_logits_ith), held(ll.llama_get_logits)
+_logits_ith = held(ll.llama_get_logits_ith)  # read after the tick's synchronize (gil.py)
 
 log = logging.getLogger("uma.runtime")
 
@@ -115,7 +114,7 @@ class Runtime(KvMemory):
         self.model_name = self.info.name or path.stem
         self.model_path = str(path)
         self.threads = cparams.n_threads
-        self._batch = DecodeBatch(params.n_batch, self._companion_id, params.deterministic)
+        self._batch = DecodeBatch(params.n_batch, self._pad_id)
         self._launcher = Launcher() if params.launch_thread else None
         self._pending: tuple[Future[int], list[Span], bool] | None = None
         self._rc = 0
@@ -154,17 +153,10 @@ class Runtime(KvMemory):
         cparams.n_ubatch = min(params.n_ubatch, params.n_batch)
         self._n_ids = params.n_seq + params.n_seq_cache
         cparams.n_seq_max = self._n_ids * (2 if params.shadow else 1)
-        # a grammar's row read whole beside its device top-k (sampling.py) takes a companion
-        # token in the same ubatch (batch.py): a decode must be one ubatch, with room for it
-        self.raw_rows = params.device_top_k > 0 and params.n_batch <= params.n_ubatch
-        if self.raw_rows:
-            cparams.n_batch = cparams.n_ubatch = params.n_batch + 1
-        # the companion lives on the last id, for one decode
-        self._companion_id = -1
-        if params.deterministic or self.raw_rows:
-            self._companion_id = cparams.n_seq_max
-            cparams.n_seq_max += 1
+        # deterministic: the lone token's companion lives on the last id, for one decode
+        self._pad_id = cparams.n_seq_max if params.deterministic else -1
         if params.deterministic:
+            cparams.n_seq_max += 1
             # read once, at the process's first matmul: K-quant matmuls through the per-row
             # kernel at every batch size (the tiled kernel, used from 8 rows up, rounds
             # differently)
@@ -256,8 +248,8 @@ class Runtime(KvMemory):
         rows of its tokens are consecutive).
         """
         self._landed()
-        rows, companion = self._batch.fill(spans)
-        self._land(ll.llama_decode(self.ctx, self._batch.batch), spans, companion)
+        rows, padded = self._batch.fill(spans)
+        self._land(ll.llama_decode(self.ctx, self._batch.batch), spans, padded)
         return self._rc, rows
 
     def launch(self, spans: list[Span], on_thread: bool = False) -> list[int]:
@@ -268,15 +260,14 @@ class Runtime(KvMemory):
         if self._launcher is None or not on_thread:
             return self.decode(spans)[1]
         self._landed()
-        rows, companion = self._batch.fill(spans)
-        self._pending = self._launcher.start(self.ctx, self._batch.batch), spans, companion
+        rows, padded = self._batch.fill(spans)
+        self._pending = self._launcher.start(self.ctx, self._batch.batch), spans, padded
         return rows
 
-    def _land(self, rc: int, spans: list[Span], companion: bool) -> None:
-        """What follows a llama_decode's return: the companion's cell dropped, shadows
-        tagged."""
-        if companion:
-            ll.llama_memory_seq_rm(self.memory, self._companion_id, -1, -1)
+    def _land(self, rc: int, spans: list[Span], padded: bool) -> None:
+        """What follows a llama_decode's return: the pad's cell dropped, shadows tagged."""
+        if padded:
+            ll.llama_memory_seq_rm(self.memory, self._batch.pad_id, -1, -1)
         if rc == 0 and self.params.shadow:
             for span in spans:
                 self._tag_shadow(span.seq_id, span.pos + len(span.tokens))
@@ -286,9 +277,9 @@ class Runtime(KvMemory):
         """Wait for a launch on the launch thread to return (not for the device: that is
         ``synchronize``); the last decode's rc."""
         if self._pending is not None:
-            decoding, spans, companion = self._pending
+            decoding, spans, padded = self._pending
             self._pending = None
-            self._land(decoding.result(), spans, companion)
+            self._land(decoding.result(), spans, padded)
         return self._rc
 
     def _tag_shadow(self, seq_id: int, end: int) -> None:
@@ -331,14 +322,10 @@ class Runtime(KvMemory):
 
     @landed
     def logits_row(self, row: int) -> np.ndarray:
-        """The raw logits of a batch row as a numpy view on llama.cpp's buffer (no copy);
-        valid until the next decode. With device samplers, llama_get_logits_ith gives a
-        sampled row's top-k, so the row is read from the raw buffer at its output index
-        (outputs are in batch order)."""
-        if self.params.device_top_k <= 0:
-            return np.ctypeslib.as_array(_logits_ith(self.ctx, row), shape=(self.n_vocab,))
-        out = int(np.count_nonzero(self._batch.logits[:row]))
-        return np.ctypeslib.as_array(_logits(self.ctx), shape=(out + 1, self.n_vocab))[out]
+        """The logits of a batch row as a numpy view on llama.cpp's buffer (no copy); valid
+        until the next decode."""
+        ptr = _logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def _set_split(self, mparams: Any, params: RuntimeParams) -> None:
         """llama.cpp's own split of a model over several GPUs (ignored by a CPU build)."""

@@ -11,7 +11,7 @@ import pytest
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 from uma_serve.core.runtime.grammar import GrammarError, check_grammar
-from uma_serve.core.sampling import REDO, Row, Sampler, SamplerState
+from uma_serve.core.sampling import Row, Sampler, SamplerState
 
 from .helpers import gen
 
@@ -169,98 +169,6 @@ def test_the_bench_builds_the_gateways_json_schema_grammar() -> None:
     grammar = json_schema_gbnf(SCHEMA)
     assert grammar == gbnf.json_schema_grammar(SCHEMA)
     assert "\\x00-\\x1F" in grammar
-
-
-def test_the_device_top_k_settles_the_search_as_the_whole_row_does(runtime) -> None:
-    """From a row's 64 best tokens (what the device hands over) the band search gives what it
-    gives over the whole row, or defers to the row (None) where a band reaches below them."""
-    from uma_serve.bench.grammar_mix import SCHEMA
-    from uma_serve.core.runtime.grammar import json_schema_gbnf
-
-    sampler = Sampler(runtime)
-    req = gen(temperature=0.8, top_k=40, min_p=0.05, seed=5, grammar=json_schema_gbnf(SCHEMA))
-    state = sampler.new(0, req, 0)
-    assert state.grammar is not None
-    runtime.seq_clear(0)
-    tokens = runtime.tokenize("Report the weather in Paris as JSON.\n")
-    rc, rows = runtime.decode([Span(0, 0, tokens, True)])
-    pos, settled, deferred = len(tokens), 0, 0
-    for _ in range(40):
-        row = np.array(runtime.logits_row(rows[0]))
-        top = np.argpartition(row, len(row) - 64)[-64:]
-        among = state.grammar.allowed_among(top.astype(np.int32), row[top], state.p, len(row))
-        if among is None:
-            deferred += 1
-        else:
-            ids, logits = state.grammar.allowed(row.copy(), state.p)
-            assert np.array_equal(among[0], ids) and np.array_equal(among[1], logits)
-            settled += 1
-        [(token, _)] = sampler.sample([Row(state, rows[0])])
-        if runtime.is_eog(token):
-            break
-        rc, rows = runtime.decode([Span(0, pos, [token], True)])
-        pos += 1
-    state.free()
-    assert settled > deferred > 0, (settled, deferred)
-
-
-def test_a_grammars_row_comes_whole_beside_its_device_top_k() -> None:
-    """A span with ``raw_logits`` keeps its sequence's device top-k and gets its raw row too
-    (a companion token without a device sampler joins the decode, and its cell goes after),
-    also in a batch already full. A grammar drawn from the top-k draws what the whole row
-    gives, token for token: where the top-k does not settle it, a row without its raw
-    logits is a REDO (the RNG as it was), and the same row with them gives the token."""
-    import llama_cpp as ll
-
-    from uma_serve.bench.grammar_mix import SCHEMA
-    from uma_serve.core.runtime.grammar import json_schema_gbnf
-
-    rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=2, n_batch=64,
-                               n_ubatch=64, device_top_k=64))  # fmt: skip
-    try:
-        assert rt.raw_rows
-        prompt = rt.tokenize("Report the weather in Paris as JSON.\n")
-        filler = rt.tokenize("Once upon a time " * 40)[: 64 - len(prompt)]
-        spans = [Span(0, 0, filler, False), Span(1, 0, prompt, True, raw_logits=True)]
-        assert sum(len(s.tokens) for s in spans) == 64  # the batch is full
-        rc, rows = rt.decode(spans)
-        rt.synchronize()
-        assert rc == 0 and ll.llama_memory_seq_pos_max(rt.memory, rt._companion_id) == -1
-        req = gen(temperature=0.8, top_k=40, min_p=0.05, seed=9, grammar=json_schema_gbnf(SCHEMA))
-        sampler = Sampler(rt)
-        device, whole = sampler.new(1, req, 0), SamplerState(req, 0, rt.grammar(req.grammar))
-        whole.full_row = True
-        assert device.raw_too and not device.full_row
-        calls: dict[str, int] = {"allowed": 0, "allowed_among": 0}
-        for name in calls:  # count the searches: from the top-k, and over the whole row
-            method = getattr(device.grammar, name)
-            setattr(device.grammar, name, lambda *a, m=method, n=name: calls.update(
-                {n: calls[n] + 1}) or m(*a))  # fmt: skip
-        pos, row_ix, redo = len(prompt), rows[1], 0
-        for _ in range(120):
-            ids, logits = rt.candidates([row_ix])
-            row = np.array(rt.logits_row(row_ix))
-            assert np.array_equal(np.sort(logits[0]), np.sort(row)[-64:]), pos  # the raw row
-            [(token, _)] = sampler.sample([Row(device, row_ix)])
-            if token == REDO:
-                assert device.raw_next and calls["allowed_among"] > calls["allowed"]
-                redo += 1
-                [(token, _)] = sampler.sample([Row(device, row_ix, raw=True)])
-            assert not device.raw_next
-            [(theirs, _)] = sampler.sample([Row(whole, row_ix)])
-            assert token == theirs
-            if rt.is_eog(token):
-                break
-            rc, [row_ix] = rt.decode([Span(1, pos, [token], True, raw_logits=True)])
-            rt.synchronize()
-            assert rc == 0
-            pos += 1
-        assert rt.is_eog(token)  # the answer is complete
-        assert calls["allowed_among"] > calls["allowed"] == redo > 0, (calls, redo)
-        device.free()
-        whole.free()
-    finally:
-        rt.close()
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,6 @@ class FakeRuntime:
         self.n_ctx = 1024
         self.n_ctx_per_seq = self.n_ctx // n_seq
         self.n_batch = 64
-        self.n_vocab = VOCAB
-        self.raw_rows = False
         self._rows: list[np.ndarray] = []
         self._rc = 0
 

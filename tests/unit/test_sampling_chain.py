@@ -138,7 +138,6 @@ class _DeviceTopK:
     """What the sampler asks of a runtime with a device top-k: the (de)tach calls, recorded."""
 
     params = type("Params", (), {"device_top_k": K})()
-    raw_rows = False
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, bool]] = []
