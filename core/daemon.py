@@ -87,10 +87,14 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
 
 
 # Weights a GPU reads again per extra context, cheaply (below). Only such a model's streams
-# spread over the contexts: a batch split in two costs a bigger model's tick its matmuls twice
-# (Llama-3.1-8B's shape, 16 streams on an H100 over the socket: 1,571 / 1,607 tok/s in one
-# context, 1,036 / 1,039 spread over two; Gemma 3 270M: 3,621 / 3,861 -> 4,838 / 5,686).
+# spread over the contexts from the first: a batch split in two costs a bigger model's tick
+# its matmuls twice (Llama-3.1-8B's shape, 16 streams on an H100 over the socket: 1,571 /
+# 1,607 tok/s in one context, 1,036 / 1,039 spread over two; Gemma 3 270M: 3,621 / 3,861 ->
+# 4,838 / 5,686). A bigger model's streams fill a context up to FILL, then spread: at 64
+# streams spreading gained (OLMoE-1B-7B's shape 5,663-5,950 against 4,590-5,259 tok/s, 8B's
+# 3,116 / 3,221 against 2,729 / 2,564), as every context starts its streams together.
 SMALL_MODEL_BYTES = 2 << 30
+FILL = 16
 
 
 def n_contexts(config: cfg.Config, on_gpu: bool, model_bytes: int) -> int:
@@ -185,7 +189,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         prefix_cache_slots=cache_slots // n,
         compute_nice=config.compute_nice,
         overlap=on_gpu,
-        spread=model_bytes(params.model_path) <= SMALL_MODEL_BYTES,
+        fill=0 if model_bytes(params.model_path) <= SMALL_MODEL_BYTES else FILL,
     )
     if config.pin_prefix:
         text = Path(config.pin_prefix).read_text()

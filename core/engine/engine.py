@@ -24,7 +24,8 @@ context's tick, the host collects, plans and launches the other's, llama_decode'
 work (the batch, the attention mask over the context's cells) included, on the context's
 launch thread while another context works. A request goes to a context with room for it, the
 one that holds the most of its prompt, then the least busy for a chat turn while no context
-holds bulk work (streams spread), else the busiest (bulk work joins the streams).
+holds bulk work (streams spread; for a bigger model once each context it fills holds
+``fill`` of them), else the busiest (bulk work joins the streams).
 
 The I/O thread talks to it only through ``submit``/``cancel``/``cancel_connection``/``stop``,
 which post to the ``Inbox`` (inbox.py); the engine thread takes everything posted at once
@@ -100,15 +101,16 @@ class Engine:
         prefix_cache_slots: int = 0,
         compute_nice: int = 0,
         overlap: bool = False,
-        spread: bool = True,
+        fill: int = 0,
     ) -> None:
         """``runtime``: one context of the model, or several (one ``policy`` each; the
         prefix cache's tokens and slots are each context's). ``overlap``: leave each tick in
         flight until the next step (a GPU computes after llama_decode returns); on a CPU,
         whose llama_decode computes the tick, a step collects its own tick: its tokens go out
         at once and nothing else contends with the compute threads (measured: 3% of a lone
-        stream's tokens/s on the 2-core CPU otherwise). ``spread``: chat turns spread over the
-        contexts while none holds bulk work (else they fill one after another)."""
+        stream's tokens/s on the 2-core CPU otherwise). ``fill``: chat turns fill one context
+        after another until each holds this many requests, then spread (0: spread from the
+        first), while no context holds bulk work."""
         runtimes = list(runtime) if isinstance(runtime, list | tuple) else [runtime]
         policies = list(policy) if isinstance(policy, list | tuple) else [policy]
         assert len(policies) == len(runtimes), "one policy per context"
@@ -133,7 +135,7 @@ class Engine:
             )
             self.shards.append(Shard(rt, sched, Executor(rt, sampler)))
         self._overlap = overlap
-        self._spread = spread
+        self._fill = fill
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
 
     @property
@@ -324,22 +326,28 @@ class Engine:
 
     def _route(self, sub: Submission) -> Scheduler:
         """The context for a new request: one with room for it, then the one holding the most
-        of its prompt (a conversation's history), then the least busy while no context holds
-        bulk work and the request is a chat turn (the streams spread: one context's host work
-        overlaps another's tick; with ``spread``), else the busiest. Bulk work (a pasted
-        document) so joins the streams of a context, whose policy budgets them together, and a
-        chat turn joins the bulk work: a context whose policy saw no stream would run unbounded
-        prefill ticks, and every gap of a stream in another context includes them."""
+        of its prompt (a conversation's history), then for a chat turn while no context holds
+        bulk work the busiest context under ``fill`` requests, else the least busy (the
+        streams spread: one context's host work overlaps another's tick; a bigger model fills
+        a context first, as splitting a small batch runs its matmuls twice), else the busiest.
+        Bulk work (a pasted document) so joins the streams of a context, whose policy budgets
+        them together, and a chat turn joins the bulk work: a context whose policy saw no
+        stream would run unbounded prefill ticks, and every gap of a stream in another
+        context includes them."""
         if len(self.shards) == 1:
             return self.scheduler
         scheds = [sh.scheduler for sh in self.shards]
         cached = [s.cached_estimate(sub.prompt_hashes) for s in scheds]
         chat = self._chat_turn(sub, max(cached))
-        spread = self._spread and chat and not any(s.holds_bulk() for s in scheds)
-        sign = -1 if spread else 1
-        ranks = [
-            (s.has_room(sub, c), c, sign * s.load()) for s, c in zip(scheds, cached, strict=True)
-        ]
+        spread = chat and not any(s.holds_bulk() for s in scheds)
+
+        def busy(s: Scheduler) -> tuple[bool, int]:
+            load = s.load()
+            if not spread:
+                return True, load  # the busiest
+            return (True, load) if load < self._fill else (False, -load)
+
+        ranks = [(s.has_room(sub, c), c, busy(s)) for s, c in zip(scheds, cached, strict=True)]
         return scheds[ranks.index(max(ranks))]
 
     def _apply(self, ops: list[Op]) -> list[Outgoing]:

@@ -120,17 +120,23 @@ def test_chat_turns_spread_until_bulk_work_which_joins_the_streams() -> None:
     assert engine.metrics.active_sessions == 3  # every context's sequences
 
 
-def test_without_spread_chat_turns_fill_the_busier_context_first() -> None:
-    """A bigger model's contexts (umad: a file over 2 GiB) fill one after another."""
-    engine, _ = two_contexts([], threading.Event(), 1, n_seq=2, spread=False)
+def test_with_a_fill_chat_turns_fill_a_context_to_it_then_spread() -> None:
+    """A bigger model's contexts (umad: a file over 2 GiB) fill one after another up to
+    ``fill`` requests each (a split small batch runs its matmuls twice), then the streams
+    spread (each context's host work overlaps the other's tick)."""
+    engine, _ = two_contexts([], threading.Event(), 1, n_seq=4, fill=2)
     a, b = (sh.scheduler for sh in engine.shards)
     b.add(Submission((1, "x0"), gen("x0"), [1, 2, 3], 0))
     b.admit()
-    sub = Submission((1, "n"), gen("n"), [4, 5, 6], 1)
-    assert engine._route(sub) is b
-    b.add(sub)
-    b.admit()
-    assert engine._route(Submission((1, "m"), gen("m"), [7], 2)) is a  # b is full
+    order = []
+    for i in range(1, 7):
+        sub = Submission((1, f"n{i}"), gen(f"n{i}"), [4, i], i)
+        where = engine._route(sub)
+        order.append("a" if where is a else "b")
+        where.add(sub)
+        where.admit()
+    # b to 2, then a to 2, then the least busy in turn, until both are full
+    assert order == ["b", "a", "a", "a", "b", "a"], order
 
 
 def test_a_cancel_reaches_the_request_in_whichever_context_runs_it() -> None:
