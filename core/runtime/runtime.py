@@ -123,7 +123,7 @@ class Runtime(KvMemory):
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
         self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
-        self._first_chars: FirstChars | None = None  # at the first grammar (grammar.py)
+        self.first_chars: FirstChars | None = None  # a grammar's table (grammar.py)
         log.info(
             "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
             self.model_name,
@@ -373,9 +373,9 @@ class Runtime(KvMemory):
             ll.llama_sampler_free(old)
 
     def grammar(self, text: str) -> Grammar:
-        if self._first_chars is None:
-            self._first_chars = FirstChars(self.vocab)
-        return Grammar(self.vocab, text, self.eog_tokens, self._first_chars)
+        if self.first_chars is None:  # umad builds it at start-up, once for every context
+            self.first_chars = FirstChars(self.vocab)
+        return Grammar(self.vocab, text, self.eog_tokens, self.first_chars)
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
