@@ -80,7 +80,7 @@ def parse_batched_bench(text: str) -> dict[int, Ceiling]:
     out = {}
     for line in text.splitlines():
         if m := ROW.match(line):
-            _, tg, b, _, t_pp, _, _, s_tg, t, _ = map(float, m.groups())
+            _, tg, b, _, _, _, _, s_tg, t, _ = map(float, m.groups())
             out[int(b)] = Ceiling(s_tg, round(b * tg / t, 2) if t else 0.0)
     return out
 

@@ -91,9 +91,10 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
 # spread over the contexts from the first: a batch split in two costs a bigger model's tick
 # its matmuls twice (Llama-3.1-8B's shape, 16 streams on an H100 over the socket: 1,571 /
 # 1,607 tok/s in one context, 1,036 / 1,039 spread over two; Gemma 3 270M: 3,621 / 3,861 ->
-# 4,838 / 5,686). A bigger model's streams fill a context up to FILL, then spread: at 64
-# streams spreading gained (OLMoE-1B-7B's shape 5,663-5,950 against 4,590-5,259 tok/s, 8B's
-# 3,116 / 3,221 against 2,729 / 2,564), as every context starts its streams together.
+# 4,838 / 5,686). A bigger model's streams fill a context up to FILL, then spread, so at 64
+# streams every context starts its streams together (over the socket, against filling one
+# context entirely: OLMoE-1B-7B's shape 5,228-5,581 against 4,373-4,781 tok/s, 8B's 2,896 /
+# 2,913 against 2,450 / 2,472; 16 streams alike).
 SMALL_MODEL_BYTES = 2 << 30
 FILL = 16
 
@@ -174,7 +175,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
         log.info("%d contexts of the model, stepped in turn", n)
     for rt in runtimes:
         on_passing_thread(rt.warm_up)
-    # a grammar's first-byte table, built here rather than at the first grammar (0.34 s on a
+    # a grammar's first-byte table, built here rather than at the first grammar (0.39 s on a
     # 2-core CPU, every stream waiting); the contexts share the vocabulary
     first_chars = FirstChars(runtime.vocab)
     for rt in runtimes:
