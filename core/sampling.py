@@ -16,8 +16,7 @@ the k best; top-p alone: the tokens near the peak that hold the nucleus; else th
 never sorting the vocabulary. From there all rows are one (rows, width) array drawn with one
 set of numpy calls: 16 rows cost what 3-4 cost one by one (the calls, not the data, are the
 cost). A grammar's request keeps its drawn token when the grammar allows it, else draws again
-from the allowed tokens (as llama.cpp's common sampler does). On a GPU a grammar's row is
-drawn on the sampler's own thread while the next tick computes (``Sampler.defer``).
+from the allowed tokens (as llama.cpp's common sampler does).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import numpy as np
@@ -70,7 +68,6 @@ class SamplerState:
         self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self.grammar = grammar
         self.full_row = False
-        self.pending: Future[Drawn] | None = None  # its row drawn on the sampler's thread
         # the draw's parameters as one tuple (top-k as a width: none is any width)
         self.chain = (
             params.top_k if params.top_k > 0 else math.inf,
@@ -89,10 +86,7 @@ class SamplerState:
             self.grammar.accept(token)
 
     def free(self) -> None:
-        """Its grammar's memory back (a state freed while its tick computes samples freely),
-        once a draw on the sampler's thread is done with it."""
-        if self.pending is not None:
-            wait([self.pending])
+        """Its grammar's memory back (a state freed while its tick computes samples freely)."""
         if self.grammar is not None:
             self.grammar.free()
             self.grammar = None
@@ -277,17 +271,12 @@ def logprobs_of(raw: np.ndarray, token: int, k: int, piece: Callable[[int], byte
 
 
 class Row(NamedTuple):
-    """One decode row to sample: its sequence's state, its row in the decode's outputs, the
-    number of top logprobs the request wants (None: no logprobs) and the row's logits when
-    copied out of llama.cpp's buffer (None: read there)."""
+    """One decode row to sample: its sequence's state, its row in the decode's outputs and the
+    number of top logprobs the request wants (None: no logprobs)."""
 
     state: SamplerState
     row: int
     logprobs: int | None = None
-    logits: np.ndarray | None = None
-
-
-Drawn = tuple[int, p.Logprobs | None]  # a row's token, and its logprobs when asked
 
 
 class Sampler:
@@ -302,7 +291,6 @@ class Sampler:
         # is one (``suits``): constrained requests take detached ids, the others attached ones.
         self.detached: set[int] = set()
         self._changes: dict[int, bool] = {}  # seq_id -> device top-k on, not yet applied
-        self._thread: ThreadPoolExecutor | None = None  # draws grammars' rows (``defer``)
 
     def _full_row(self, req: p.Generate) -> bool:
         grammar, logprobs = req.grammar is not None, req.logprobs is not None
@@ -339,19 +327,7 @@ class Sampler:
         if state is not None:
             state.free()
 
-    def defer(self, r: Row) -> Future[Drawn]:
-        """Draw a grammar's row on the sampler's thread while the next tick computes: its
-        checks (and where the grammar refuses the model's choice, its search) then hold up
-        no other stream's next tick; its own sequence joins the tick after the token. The row
-        is copied first: the next decode rewrites llama.cpp's buffer. The checks are
-        llama.cpp calls and numpy passes over the row, which let the GIL go."""
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="uma-grammar")
-        row = r._replace(logits=self._row(r).copy())
-        r.state.pending = self._thread.submit(lambda: self.sample([row])[0])
-        return r.state.pending
-
-    def sample(self, rows: list[Row]) -> list[Drawn]:
+    def sample(self, rows: list[Row]) -> list[tuple[int, p.Logprobs | None]]:
         """The tokens of a tick's rows, and each one's logprobs when its request asks."""
         # the model's own rows, before bias and penalties change them in place
         raw = [None if r.logprobs is None else self._row(r).copy() for r in rows]
@@ -363,7 +339,7 @@ class Sampler:
                        for i, s in zip(refused, states, strict=True)]  # fmt: skip
             for i, token in zip(refused, draw(states, *stack(allowed)), strict=True):
                 tokens[i] = token
-        out: list[Drawn] = []
+        out: list[tuple[int, p.Logprobs | None]] = []
         for r, token, row in zip(rows, tokens, raw, strict=True):
             r.state.accept(token)
             k = r.logprobs or 0
@@ -395,7 +371,7 @@ class Sampler:
         return tokens
 
     def _row(self, r: Row) -> np.ndarray:
-        return self.runtime.logits_row(r.row) if r.logits is None else r.logits
+        return self.runtime.logits_row(r.row)
 
     def _piece(self, token: int) -> bytes:
         return self.runtime.piece(token)

@@ -12,12 +12,9 @@
 On a GPU a tick stays in flight between two steps: llama_decode returns once the graph is
 launched, so the host work of a step (tokens to events and the learner, the inbox, admissions,
 the next plan, releasing finished sequences' KV) runs while the device computes, and only
-sampling, the output step and llama_decode's own host work lie between two ticks. A grammar's
-row is drawn on the sampler's thread meanwhile (sampling.py: its checks would otherwise lie
-between two ticks of every stream), and its sequence joins the first tick launched after its
-token is drawn (``take_drawn``). A plan made before the last tick's tokens are known keeps
-its sequences' places: a sequence that tick ended, or whose token a grammar still draws,
-drops out of the batch. With speculative drafts the plan waits for the tokens, which its
+sampling, the output step and llama_decode's own host work lie between two ticks. A plan made
+before the last tick's tokens are known keeps its sequences' places: a sequence that tick
+ended drops out of the batch. With speculative drafts the plan waits for the tokens, which its
 drafts continue. On a CPU, whose llama_decode computes the tick, a step launches and collects
 its own tick (``overlap`` off).
 
@@ -49,7 +46,7 @@ import msgspec
 from uma_serve.core.engine.executor import Executor
 from uma_serve.core.engine.inbox import Cancel, CancelConnection, Inbox, Op
 from uma_serve.core.engine.nice import lower_current_thread
-from uma_serve.core.engine.scheduler import Planned, Scheduler
+from uma_serve.core.engine.scheduler import Scheduler
 from uma_serve.core.engine.sequence import RequestKey, Sequence as Seq, Submission
 from uma_serve.core.engine.tick import Batch, Launched, Outgoing, TickResult
 from uma_serve.core.metrics import EngineMetrics
@@ -136,7 +133,7 @@ class Engine:
                 prefix_cache_tokens=prefix_cache_tokens,
                 prefix_cache_slots=prefix_cache_slots,
             )
-            self.shards.append(Shard(rt, sched, Executor(rt, sampler, defer=overlap)))
+            self.shards.append(Shard(rt, sched, Executor(rt, sampler)))
         self._overlap = overlap
         self._fill = fill
         self._thread = threading.Thread(target=self._run, name="uma-engine", daemon=True)
@@ -266,7 +263,7 @@ class Engine:
             if planned is None and sched.running:
                 planned = sched.plan()
             if planned is not None:
-                self._launch(sh, self._batch(sh, planned, events))
+                self._launch(sh, sched.batch(planned))
             # the tick's tokens go out once the next tick is launched: the I/O thread that
             # writes them takes the GIL whenever this thread lets it go, and its writes then
             # overlap the device instead of holding up the launch
@@ -281,18 +278,6 @@ class Engine:
             sh.settle()
             self._send(events)
             self.sink(sched.fail_running("internal error in the engine tick"))
-
-    def _batch(self, sh: Shard, planned: Planned, events: list[Outgoing]) -> Batch:
-        """The plan's batch, with the sequences whose grammars have drawn their tokens beside
-        the ticks; when only those are left to run and no tick computes, after waiting for
-        them."""
-        sched = sh.scheduler
-        events += sched.take_drawn()
-        batch = sched.batch(planned)
-        if batch.empty and sched.drawing and not any(s.inflight for s in self.shards):
-            events += sched.take_drawn(wait=True)
-            batch = sched.batch(planned)
-        return batch
 
     def _send(self, events: list[Outgoing]) -> None:
         if events:

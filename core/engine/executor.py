@@ -4,8 +4,7 @@ It reads only the Batch (spans, sampler rows) and calls nothing back. ``launch``
 decode (on a GPU llama_decode returns once the graph is launched); the engine does host work
 meanwhile; ``collect`` waits for the device and samples: plain rows together, drafted decodes
 row by row while the drawn token agrees with the draft (speculative verification; the
-scheduler keeps the agreeing run), a grammar's row on the sampler's thread when ``defer``.
-A failed decode is undone in the cache and classified; what
+scheduler keeps the agreeing run). A failed decode is undone in the cache and classified; what
 follows from it is the scheduler's.
 """
 
@@ -22,12 +21,9 @@ ABORTED = 2  # llama_decode's rc when Runtime.abort stopped it
 
 
 class Executor:
-    def __init__(self, runtime: RuntimeApi, sampler: Sampler, defer: bool = False) -> None:
-        """``defer``: a grammar's row is drawn while the next tick computes (a GPU's: the
-        host's grammar checks would otherwise lie between two of every stream's ticks)."""
+    def __init__(self, runtime: RuntimeApi, sampler: Sampler) -> None:
         self.runtime = runtime
         self.sampler = sampler
-        self.defer = defer
 
     def launch(self, batch: Batch, on_thread: bool = False) -> Launched:
         """Start the batch's llama_decode (a CPU computes it here, a GPU after it returns;
@@ -61,8 +57,6 @@ class Executor:
                 continue
             if draw.drafts:
                 out[i] = self._verify(draw, row)
-            elif self.defer and draw.sampler.grammar is not None:
-                out[i] = Sampled(pending=self.sampler.defer(row_of(draw, row)))
             else:
                 plain.append(i)
         picks = self.sampler.sample([row_of(batch.draws[i], rows[i]) for i in plain])

@@ -15,7 +15,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from uma_serve.core import protocol as p
@@ -40,8 +39,7 @@ from uma_serve.core.policy.pipeline import PolicyPipeline
 from uma_serve.core.policy.work import INTERACTIVE, prompt_allowance, prompt_class
 from uma_serve.core.prefix.store import PrefixStore
 from uma_serve.core.runtime.api import RuntimeApi
-from uma_serve.core.runtime.grammar import GrammarError
-from uma_serve.core.sampling import Drawn, Sampler
+from uma_serve.core.sampling import Sampler
 
 log = logging.getLogger("uma.engine")
 Match = Callable[[Sequence], bool]
@@ -88,7 +86,6 @@ class Scheduler:
         self.learner = TickLearner(constraints, transformers)
         self._max_prefill: int | None = None  # cap after a failed decode (no KV slot)
         self._ended: list[tuple[Sequence, str]] = []  # finished, KV not yet released
-        self._drawing: dict[int, tuple[Sequence, Future[Drawn]]] = {}  # grammars' rows
         self._last_interactive_ns = 0  # when an interactive request last ran or waited
 
     # ---- requests in and out ----
@@ -297,9 +294,7 @@ class Scheduler:
                 continue
             if item.phase is Phase.PREFILL and not seq.pending_prefill:
                 seq.prefill_done_ns = now
-            if got.pending is not None:  # drawn beside the next tick: it joins a later one
-                self._drawing[seq.seq_id] = seq, got.pending
-            elif got.tokens:
+            if got.tokens:
                 self._emit(seq, got.tokens[0], got.logprobs[0], now, out)
         for seq, n_drafts, got in drafted:
             drafts = list(seq.draft[:n_drafts])
@@ -337,29 +332,6 @@ class Scheduler:
                 for seq in [s for s in seqs if self.running.get(s.seq_id) is s]:
                     self._fail(seq, f"llama_decode failed (rc={rc})", now, out)
 
-    @property
-    def drawing(self) -> bool:
-        """A grammar's row is being drawn beside the ticks (Sampler.defer)."""
-        return bool(self._drawing)
-
-    def take_drawn(self, wait: bool = False) -> list[Outgoing]:
-        """The tokens grammars have drawn beside the ticks, through the output step: their
-        sequences join the next batch. ``wait``: for every one (nothing to overlap them with).
-        A grammar that allows no token fails its own request only."""
-        out: list[Outgoing] = []
-        now = time.monotonic_ns()
-        for seq_id, (seq, drawn) in list(self._drawing.items()):
-            if not (wait or drawn.done()):
-                continue
-            del self._drawing[seq_id]
-            try:
-                token, lp = drawn.result()
-            except GrammarError as e:
-                self._fail(seq, str(e), now, out)
-            else:
-                self._emit(seq, token, lp, now, out)
-        return out
-
     # ---- tokens and ends ----
 
     def _emit(
@@ -392,7 +364,6 @@ class Scheduler:
         release (release_ended), its sampler now."""
         if seq.seq_id >= 0 and self.running.pop(seq.seq_id, None) is seq:
             self._ended.append((seq, reason))
-            self._drawing.pop(seq.seq_id, None)
         self._sampler.release(seq.sampler)
         self.gauges.active_sessions = len(self.running)
         self.gauges.kv_cells_used = sum(s.n_past for s in self.running.values())

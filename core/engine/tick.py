@@ -11,14 +11,13 @@ The Batch is the executor's whole input: it reads no sequence and calls nothing 
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Plan, SchedulerState
 from uma_serve.core.runtime import Span
-from uma_serve.core.sampling import Drawn, SamplerState
+from uma_serve.core.sampling import SamplerState
 
 Outgoing = tuple[int, p.Event]  # (connection id, event)
 
@@ -61,12 +60,10 @@ class Failure(Enum):
 @dataclass(frozen=True, slots=True)
 class Sampled:
     """One item's sampled tokens: none (a prefill chunk without logits), one, or for a
-    decode with drafts the tokens drawn row by row while they agreed with the drafts; or, for
-    a grammar's row, its token still being drawn (``pending``, Sampler.defer)."""
+    decode with drafts the tokens drawn row by row while they agreed with the drafts."""
 
     tokens: tuple[int, ...] = ()
     logprobs: tuple[p.Logprobs | None, ...] = ()
-    pending: Future[Drawn] | None = None
 
 
 @dataclass(frozen=True, slots=True)

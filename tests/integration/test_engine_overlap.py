@@ -6,7 +6,6 @@ calls wait for the decode in flight."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -189,44 +188,3 @@ def test_a_conversation_turn_reuses_its_history_with_a_tick_in_flight() -> None:
     assert got[1].usage.cached_tokens > got[0].usage.prompt_tokens
     assert got[1].usage.cached_tokens == want[1].usage.cached_tokens
     assert [e.usage.completion_tokens for e in got] == [e.usage.completion_tokens for e in want]
-
-
-NOTE = (
-    'root ::= "{\\"city\\": \\"" [A-Za-z ]{1,12} "\\", \\"rain\\": " ("true" | "false") '
-    '", \\"note\\": \\"" [a-z ]{0,40} "\\"}"'
-)
-
-
-@pytest.mark.parametrize("launch_thread", [False, True])
-def test_a_grammars_row_drawn_beside_the_next_tick_gives_the_same_text(
-    runtime, threaded, launch_thread: bool
-) -> None:
-    """With a tick in flight (a GPU's engine) a grammar's row is drawn on the sampler's thread
-    while the next tick runs without its sequence: the constrained and the plain requests
-    beside it write what the engine that samples every row in its own step writes."""
-    reqs = [
-        greedy("j", "The weather in Paris as JSON:", max_tokens=60, grammar=NOTE),
-        greedy("a", "The three laws of motion are", max_tokens=40),
-        greedy("b", "def fibonacci(n):", max_tokens=40),
-    ]
-    got = run(threaded if launch_thread else runtime, True, reqs)
-    assert any(t.name.startswith("uma-grammar") for t in threading.enumerate())  # drawn there
-    want = run(runtime, False, reqs)
-    assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in want.items()}
-    text, end = got["j"]
-    assert isinstance(end, p.EosEvent) and end.reason == "stop"
-    assert json.loads(text)["rain"] in (True, False)
-
-
-def test_a_constrained_request_cancelled_while_its_row_is_drawn_ends_alone(runtime) -> None:
-    """A cancel that finds the grammar's draw in progress waits for it before the grammar is
-    freed; the other requests run to their ends."""
-    reqs = [
-        greedy("j", "The weather in Paris as JSON:", max_tokens=60, grammar=NOTE),
-        greedy("n", "The capital of France is", max_tokens=16, ignore_eos=True),
-    ]
-    got = run(runtime, True, reqs, cancel_after="j")
-    text, end = got["j"]
-    assert isinstance(end, p.EosEvent) and end.reason == "cancelled"
-    assert end.usage.completion_tokens < 60
-    assert got["n"][1].reason == "length" and got["n"][1].usage.completion_tokens == 16
