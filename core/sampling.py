@@ -179,6 +179,9 @@ def _sample(
     of the peak; then one inverse-CDF draw along the row. Written for few numpy calls: they,
     not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
     rows, width = logits.shape
+    if rows == 1 and ordered:
+        row_rest = 0.0 if rest is None else float(rest[0])
+        return np.array([_sample_row(states[0], ids[0], logits[0], row_rest)])
     top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
     col = count(width)
     starts = count(rows)[:, None] * width  # each row's start in the flat arrays
@@ -202,6 +205,25 @@ def _sample(
     if pick.max() >= width:  # u rounded up to the total: the last kept token
         pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
     return ids.ravel()[pick + starts[:, 0]]
+
+
+def _sample_row(state: SamplerState, ids: np.ndarray, logits: np.ndarray, rest: float) -> int:
+    """``_sample`` for one row (a lone stream's tick): the same steps on the kept prefix,
+    a third of the numpy calls (15 against 42 us on the 2-core CPU), the same token."""
+    top_k, log_min_p, top_p, temperature = state.chain
+    order = np.argsort(-logits, kind="stable")  # by logit, ties in column order
+    cand = logits[order[: min(top_k, len(order))]].astype(np.float64)
+    cand -= cand[0]
+    n = int(np.count_nonzero(cand >= log_min_p))
+    if top_p < 1.0:
+        mass = np.cumsum(np.exp(cand))
+        n = min(n, int(np.count_nonzero(mass < top_p * (mass[-1] + rest))) + 1)
+    w = np.exp(cand[:n] / temperature)
+    cw = np.cumsum(w)
+    pick = int(np.count_nonzero(cw <= state.rng.random() * cw[-1]))
+    if pick >= n:  # u rounded up to the total: the last kept token
+        pick = n - 1 - int(np.argmax(w[::-1] > 0))
+    return int(ids[order[pick]])
 
 
 def descending(logits: np.ndarray) -> np.ndarray:
