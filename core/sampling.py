@@ -218,6 +218,8 @@ def _sample_row(state: SamplerState, ids: np.ndarray, logits: np.ndarray, rest: 
     cand = logits[order[: min(top_k, len(order))]].astype(np.float64)
     cand -= cand[0]
     n = int(np.count_nonzero(cand >= log_min_p))
+    if not n:  # no finite peak (NaN or infinite logits): the row's first, as ``_sample``'s
+        return int(ids[order[0]])
     if top_p < 1.0:
         mass = np.cumsum(np.exp(cand))
         n = min(n, int(np.count_nonzero(mass < top_p * (mass[-1] + rest))) + 1)

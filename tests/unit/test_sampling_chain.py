@@ -219,3 +219,19 @@ def test_descending_is_the_stable_order_by_logit() -> None:
         x[:, 5], x[:, 6], x[:, 7] = -0.0, 0.0, -np.inf
         want = np.argsort(-x.astype(np.float64), axis=1, kind="stable")
         assert (descending(x) == want).all()
+
+
+def test_a_row_without_a_finite_peak_draws_as_in_a_batch() -> None:
+    """A row whose logits hold a NaN or an infinity (random weights overflow) gives a token,
+    drawn one by one as together with other rows, instead of failing the tick."""
+    rng = np.random.default_rng(3)
+    ids, logits = _rows(rng, 4)
+    logits[0, :] = np.nan
+    logits[1, 5] = np.inf
+    logits[2, :] = -np.inf
+    params = only(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+    with np.errstate(invalid="ignore"):  # inf - inf: the NaNs the row's maths then meets
+        together = draw([SamplerState(params, 0) for _ in range(4)], ids, logits)
+        alone = [draw([SamplerState(params, 0)], ids[i : i + 1], logits[i : i + 1])[0]
+                 for i in range(4)]  # fmt: skip
+    assert together == alone
