@@ -1,8 +1,8 @@
 """The asyncio side of the daemon: the Unix socket, framing, validation, dispatch of events.
 
 One Connection per client socket. Requests are validated and tokenized here, then handed to
-the engine; the engine's events come back in one batch per tick, those of ticks made before
-the loop woke together (``sink``), and are written to their connections (``deliver``). Never blocks on a slow client: a connection whose unread output (any
+the engine; the engine's events come back in one batch per tick (``deliver``) and are written
+to their connections. Never blocks on a slow client: a connection whose unread output (any
 reply) passes ``max_write_buffer_bytes`` has its requests cancelled with E_IO_001 and is
 closed. On a signal the daemon drains (``drain``) before ``shutdown``.
 """
@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -81,28 +80,13 @@ class CoreServer:
         self._tasks: set[asyncio.Task[None]] = set()  # the connections' handlers
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: deque[list[Outgoing]] = deque()  # the engine's batches not yet delivered
-        self._waking = False  # a wake-up of the loop to deliver them is pending
 
     # ---- engine -> clients ----
 
     def sink(self, batch: list[Outgoing]) -> None:
-        """Called on the engine thread once per tick: hand the batch to the loop, waking it
-        only when no wake-up is pending already (each is a pipe write, whose syscall hands
-        the GIL to this thread while the engine works: 6.7% of the engine thread at 16
-        streams over four contexts, H100). A batch that finds one pending goes with it."""
+        """Called on the engine thread once per tick: hand the batch to the loop."""
         assert self._loop is not None
-        self._outbox.append(batch)
-        if not self._waking:  # else the pending wake-up takes it (it empties the outbox after)
-            self._waking = True
-            self._loop.call_soon_threadsafe(self._deliver_outbox)
-
-    def _deliver_outbox(self) -> None:
-        self._waking = False  # before taking: a batch added from here on wakes the loop again
-        batch: list[Outgoing] = []
-        while self._outbox:
-            batch += self._outbox.popleft()
-        self.deliver(batch)
+        self._loop.call_soon_threadsafe(self.deliver, batch)
 
     def deliver(self, batch: list[Outgoing]) -> None:
         """One write per connection per tick: a client multiplexing many streams (the
