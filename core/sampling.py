@@ -13,10 +13,9 @@ sequence's device top-k is detached (and stays so until a request that can use i
 sequence, see ``Sampler.detached``). A whole row (every row on a CPU)
 is biased and penalised in place, then cut to what can be drawn (greedy: the argmax; top-k:
 the k best; top-p alone: the tokens near the peak that hold the nucleus; else the whole row),
-never sorting the vocabulary. From there all rows are one (rows, width) array drawn with one
-set of numpy calls: 16 rows cost what 3-4 cost one by one (the calls, not the data, are the
-cost). A grammar's request keeps its drawn token when the grammar allows it, else draws again
-from the allowed tokens (as llama.cpp's common sampler does).
+never sorting the vocabulary. From there the rows are drawn together (core/draw.py). A
+grammar's request keeps its drawn token when the grammar allows it, else draws again from the
+allowed tokens (as llama.cpp's common sampler does).
 """
 
 from __future__ import annotations
@@ -29,24 +28,10 @@ from typing import NamedTuple
 import numpy as np
 
 from uma_serve.core import protocol as p
+from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
-from uma_serve.core.runtime.gil import count
 
-NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
-# rows drawn one by one rather than together: 2 rows 28 against 45 us, 3 rows 42 against 48,
-# 4 rows 55 against 51 (the 2-core CPU; on an H100 host a lone stream's tick gained ~0.1 ms)
-ROW_BY_ROW = 3
-
-
-class Candidates(NamedTuple):
-    """A row's drawable tokens: ids, their logits, and the softmax mass of the row's other
-    tokens relative to its peak (the row's top-p normaliser when the cut kept only a nucleus;
-    0 when the candidates are all the chain would keep anyway)."""
-
-    ids: np.ndarray
-    logits: np.ndarray
-    rest: float = 0.0
 
 
 class SamplerState:
@@ -138,120 +123,6 @@ def needs_full_row(
     if grammar or logprobs or penalized or params.logit_bias:
         return True
     return params.temperature > 0.0 and not (0 < params.top_k <= device_k)
-
-
-def draw(
-    states: list[SamplerState],
-    ids: np.ndarray,
-    logits: np.ndarray,
-    rest: np.ndarray | None = None,
-    by_id: bool = False,
-) -> list[int]:
-    """Each row's token from its candidates ((rows, width) arrays, padded with logit -inf):
-    greedy takes the row's largest logit (the lowest id on a tie); the others go through
-    top-k -> top-p -> min-p -> temperature and one draw from their own RNG over the row
-    sorted by logit, so a token depends on the row alone, not on its order or neighbours.
-    ``by_id``: whole rows in id order, with no top-k or top-p to apply: drawn unsorted."""
-    greedy = [s.p.temperature <= 0.0 for s in states]
-    if all(greedy):
-        return _argmax(ids, logits).tolist()
-    if not any(greedy):
-        return _sample(states, ids, logits, rest, not by_id).tolist()
-    g = np.array(greedy)
-    tokens = np.empty(len(states), dtype=np.int64)
-    tokens[g] = _argmax(ids[g], logits[g])
-    sampled = [s for s, gr in zip(states, greedy, strict=True) if not gr]
-    tokens[~g] = _sample(sampled, ids[~g], logits[~g], None if rest is None else rest[~g],
-                         not by_id)  # fmt: skip
-    return tokens.tolist()
-
-
-def _argmax(ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    tie = logits == logits.max(axis=1, keepdims=True)
-    return np.where(tie, ids, NO_ID).min(axis=1)
-
-
-def _sample(
-    states: list[SamplerState],
-    ids: np.ndarray,
-    logits: np.ndarray,
-    rest: np.ndarray | None,
-    ordered: bool,
-) -> np.ndarray:
-    """top-k and top-p keep a prefix of the row sorted by logit, min-p those within a ratio
-    of the peak; then one inverse-CDF draw along the row. Written for few numpy calls: they,
-    not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
-    rows, width = logits.shape
-    if rows <= ROW_BY_ROW and ordered:
-        rests = [0.0] * rows if rest is None else rest.tolist()
-        return np.array([_sample_row(s, ids[r], logits[r], rests[r]) for r, s in enumerate(states)])
-    top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
-    col = count(width)
-    starts = count(rows)[:, None] * width  # each row's start in the flat arrays
-    if ordered:
-        # 1-D indexing: numpy lets the GIL go for a 2-D gather at any size (runtime/gil.py)
-        order = (descending(logits) + starts).ravel()
-        ids = ids.ravel()[order].reshape(rows, width)
-        logits = logits.ravel()[order].reshape(rows, width)
-    cand = logits.astype(np.float64)
-    keep_k = col < top_k  # top-k (0 or none: the whole row)
-    cand -= cand.max(axis=1, keepdims=True)  # the row's peak is 0
-    keep = keep_k & (cand >= log_min_p)  # min-p: p >= min_p * p_max
-    if (top_p < 1.0).any():  # the first prefix of the top-k holding top_p of its mass
-        mass = np.cumsum(np.exp(cand) * keep_k, axis=1)
-        total = mass[:, -1:] if rest is None else mass[:, -1:] + rest[:, None]
-        keep &= col <= (mass < top_p * total).sum(1, keepdims=True)
-    w = np.exp(cand / temperature) * keep
-    cw = np.cumsum(w, axis=1)
-    u = np.array([s.rng.random() for s in states])[:, None] * cw[:, -1:]
-    pick = (cw <= u).sum(axis=1)
-    if pick.max() >= width:  # u rounded up to the total: the last kept token
-        pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
-    return ids.ravel()[pick + starts[:, 0]]
-
-
-def _sample_row(state: SamplerState, ids: np.ndarray, logits: np.ndarray, rest: float) -> int:
-    """``_sample`` for one row: the same steps on the kept prefix, a third of the numpy
-    calls (15 against 42 us on the 2-core CPU), the same token."""
-    top_k, log_min_p, top_p, temperature = state.chain
-    order = np.argsort(-logits, kind="stable")  # by logit, ties in column order
-    cand = logits[order[: min(top_k, len(order))]].astype(np.float64)
-    cand -= cand[0]
-    n = int(np.count_nonzero(cand >= log_min_p))
-    if not n:  # no finite peak (NaN or infinite logits): the row's first, as ``_sample``'s
-        return int(ids[order[0]])
-    if top_p < 1.0:
-        mass = np.cumsum(np.exp(cand))
-        n = min(n, int(np.count_nonzero(mass < top_p * (mass[-1] + rest))) + 1)
-    w = np.exp(cand[:n] / temperature)
-    cw = np.cumsum(w)
-    pick = int(np.count_nonzero(cw <= state.rng.random() * cw[-1]))
-    if pick >= n:  # u rounded up to the total: the last kept token
-        pick = n - 1 - int(np.argmax(w[::-1] > 0))
-    return int(ids[order[pick]])
-
-
-def descending(logits: np.ndarray) -> np.ndarray:
-    """Each row's order by logit, largest first, ties in column order: what a stable sort
-    gives, from a quicksort of unique integer keys (5x faster at 64 x 64; float32 bits made
-    monotonic, -0 as +0, the column in the low bits)."""
-    bits = (logits + np.float32(0.0)).view(np.int32).astype(np.int64)
-    key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ascending with the float
-    col_bits = max(int(logits.shape[1] - 1).bit_length(), 1)
-    return np.argsort(((-key) << col_bits) | count(logits.shape[1]), axis=1)
-
-
-def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of candidates as one (rows, width) array pair, padded with logit -inf."""
-    if len(cands) == 1:  # nothing to pad (a verified draft's row, a lone stream)
-        (c,) = cands
-        return c.ids[None], c.logits[None], np.array([c.rest])
-    width = max(len(c.ids) for c in cands)
-    ids = np.full((len(cands), width), NO_ID, dtype=np.int64)
-    logits = np.full((len(cands), width), -np.inf, dtype=np.float32)
-    for r, c in enumerate(cands):
-        ids[r, : len(c.ids)], logits[r, : len(c.ids)] = c.ids, c.logits
-    return ids, logits, np.array([c.rest for c in cands])
 
 
 def top_k_ids(logits: np.ndarray, k: int, peak: float) -> np.ndarray:

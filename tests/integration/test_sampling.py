@@ -12,8 +12,9 @@ from llama_chain import LlamaChain
 from uma_serve.clients.client import new_id
 from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
+from uma_serve.core.draw import draw
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
-from uma_serve.core.sampling import SamplerState, draw
+from uma_serve.core.sampling import SamplerState
 
 from .helpers import gen, start_daemon
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from host_row import only
 
+from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.protocol import Sampling
-from uma_serve.core.sampling import Candidates, SamplerState, draw, stack
+from uma_serve.core.sampling import SamplerState
 
 K = 64
 PARAMS = [
@@ -210,7 +211,7 @@ def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
 def test_descending_is_the_stable_order_by_logit() -> None:
     """The draw's sort equals a stable sort by logit, largest first: ties keep their column
     order, -0 ties with +0, -inf (padding) goes last."""
-    from uma_serve.core.sampling import descending
+    from uma_serve.core.draw import descending
 
     rng = np.random.default_rng(0)
     for _ in range(50):
