@@ -15,7 +15,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+
+import msgspec
+from msgspec.structs import replace
 
 from uma_serve.core import protocol as p
 from uma_serve.core.engine.learner import TickLearner
@@ -45,8 +47,7 @@ log = logging.getLogger("uma.engine")
 Match = Callable[[Sequence], bool]
 
 
-@dataclass(frozen=True, slots=True)
-class Planned:
+class Planned(msgspec.Struct, frozen=True):
     """A tick's plan, the state it was planned from and its items' sequences (a tick in
     flight may end some of them before the plan becomes a batch)."""
 

@@ -11,8 +11,9 @@ The Batch is the executor's whole input: it reads no sequence and calls nothing 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
+
+import msgspec
 
 from uma_serve.core import protocol as p
 from uma_serve.core.policy import Plan, SchedulerState
@@ -22,8 +23,7 @@ from uma_serve.core.sampling import SamplerState
 Outgoing = tuple[int, p.Event]  # (connection id, event)
 
 
-@dataclass(frozen=True, slots=True)
-class Draw:
+class Draw(msgspec.Struct, frozen=True):
     """How to sample one item's logits: its session's sampler, the top logprobs its request
     wants (None: none) and, for a decode with drafts, the drafted tokens to verify row by row."""
 
@@ -32,8 +32,7 @@ class Draw:
     drafts: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(msgspec.Struct, frozen=True):
     """One tick's work: the plan and the state it was planned from, and for each of the plan's
     items the tokens it decodes and how its logits are sampled (None: no logits)."""
 
@@ -57,8 +56,7 @@ class Failure(Enum):
     ERROR = "error"  # any other llama_decode error
 
 
-@dataclass(frozen=True, slots=True)
-class Sampled:
+class Sampled(msgspec.Struct, frozen=True):
     """One item's sampled tokens: none (a prefill chunk without logits), one, or for a
     decode with drafts the tokens drawn row by row while they agreed with the drafts."""
 
@@ -66,8 +64,7 @@ class Sampled:
     logprobs: tuple[p.Logprobs | None, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Launched:
+class Launched(msgspec.Struct, frozen=True):
     """A decode on its way: the executor's handle between launch and collect."""
 
     batch: Batch
@@ -75,8 +72,7 @@ class Launched:
     t0: float  # perf_counter at the launch
 
 
-@dataclass(frozen=True, slots=True)
-class TickResult:
+class TickResult(msgspec.Struct, frozen=True):
     rc: int  # llama_decode's return code
     t0: float  # perf_counter at the decode's launch
     ms: float  # the tick's own time (launch to device done, less the host work meanwhile)

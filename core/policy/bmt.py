@@ -9,8 +9,10 @@ set (``bench calibrate`` measures the machine's effective bandwidth for the load
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
 
 from uma_serve.core.policy.plan import (
     BatchItem,

@@ -14,11 +14,10 @@ baseline's prefill budget, the guards, speculation and the interactive allowance
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 
-@dataclass(frozen=True, slots=True)
-class TickShape:
+class TickShape(msgspec.Struct, frozen=True):
     decode: int  # rows with logits: each decoding sequence's token and its drafted tokens
     prefill: int  # prompt tokens
     kv_k: float  # Σ over the batch's tokens of KV cells attended, in thousands
@@ -32,8 +31,7 @@ class TickShape:
         return (1.0, float(self.decode), float(self.prefill), self.kv_k, float(self.prefill > 0))
 
 
-@dataclass(frozen=True, slots=True)
-class TickCost:
+class TickCost(msgspec.Struct, frozen=True):
     a: float = 15.0  # ms per tick (graph, LM head for one row, sampling set-up)
     b: float = 4.0  # ms per decoding sequence (its logits row, its sampler)
     c: float = 3.0  # ms per prefill token

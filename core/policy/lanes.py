@@ -8,8 +8,10 @@ sweet-spot tuner (core/policy/tuner.py) finds, stepped after every tick by ``obs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
 
 from uma_serve.core.policy.plan import Constraints, Phase, Plan, SessionView
 from uma_serve.core.policy.state import PlanTransformer, SchedulerState, Tick, views_by_seq

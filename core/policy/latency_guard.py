@@ -29,8 +29,11 @@ prompt that waited ``starve_ms`` gets a pause at once, not a one-token chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
+from msgspec.structs import replace
 
 from uma_serve.core.policy.cost import TickCost, TickShape
 from uma_serve.core.policy.plan import (
@@ -66,16 +69,14 @@ class GuardSettings:
     pause_every: int = 100  # stepped tick cost: pauses stretch one interactive gap in this many
 
 
-@dataclass(frozen=True, slots=True)
-class Pause:
+class Pause(msgspec.Struct, frozen=True):
     """The guard's note on a pause: a stepped-cost prefill tick among protected ones."""
 
     def __str__(self) -> str:
         return "pause"
 
 
-@dataclass(frozen=True, slots=True)
-class GuardState:
+class GuardState(msgspec.Struct, frozen=True):
     """The guard's memory between ticks: ``observe`` steps it, ``LatencyGuard.apply`` reads it."""
 
     hold: int = 0  # ticks left during which bulk prefill is held

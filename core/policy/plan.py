@@ -8,9 +8,10 @@ tick travel in ``Plan.notes`` (core/policy/pipeline.py lists them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import TypeVar
+
+import msgspec
 
 from uma_serve.core.policy.cost import TickShape
 
@@ -22,8 +23,7 @@ class Phase(Enum):
     DECODE = "decode"
 
 
-@dataclass(frozen=True, slots=True)
-class SessionView:
+class SessionView(msgspec.Struct, frozen=True):
     """One running sequence as the policy sees it (times in ns, monotonic clock)."""
 
     seq_id: int
@@ -42,8 +42,7 @@ class SessionView:
     spec_accept_ewma: float = 0.7  # per-token acceptance of verified drafts, smoothed
 
 
-@dataclass(frozen=True, slots=True)
-class ModelFacts:
+class ModelFacts(msgspec.Struct, frozen=True):
     """What the bandwidth (ΣBMT) estimate and MoE shaping need to know about the model."""
 
     weights_bytes: int = 0
@@ -52,8 +51,7 @@ class ModelFacts:
     n_expert_used: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Constraints:
+class Constraints(msgspec.Struct, frozen=True):
     n_batch: int  # the context's logical batch: tokens per llama_decode at most
     tick_budget_ms: float  # baseline: wall time one tick should stay within
     min_prefill_tokens: int = 16  # prefill chunk granted even when the budget is spent
@@ -70,22 +68,20 @@ class Constraints:
     spec_max_streams: int = 2  # drafts only while at most this many streams decode
 
 
-@dataclass(frozen=True, slots=True)
-class BatchItem:
+class BatchItem(msgspec.Struct, frozen=True):
     seq_id: int
     phase: Phase
     n_tokens: int  # a DECODE item: 1 (the pending token) + drafted tokens to verify
     logits: bool  # logits wanted for the item's last token (every token of a drafted decode)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     """One tick: items in batch order, sessions to park (skip) this tick, the time budget it
     was planned for and whether a guard removed work, and what the transformers noted about it
     (each its own type; read back by their observe steps)."""
 
     items: tuple[BatchItem, ...] = ()
-    parked: tuple[int, ...] = field(default=())
+    parked: tuple[int, ...] = ()
     budget_ms: float | None = None  # the time budget a guard planned this tick for
     guard_active: bool = False  # a guard removed work from this tick
     notes: tuple[object, ...] = ()

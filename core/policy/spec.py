@@ -13,7 +13,7 @@ engine samples row by row and keeps the agreeing run (exact: core/spec/drafts.py
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from uma_serve.core.policy.plan import Constraints, Phase, Plan, plan_shape
 from uma_serve.core.policy.state import PlanTransformer, SchedulerState, views_by_seq

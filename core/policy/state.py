@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+import msgspec
+
 from uma_serve.core.policy.cost import TickCost
 from uma_serve.core.policy.plan import Constraints, Plan, SessionView
 
@@ -20,8 +22,7 @@ if TYPE_CHECKING:
 S = TypeVar("S")
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStats:
+class EngineStats(msgspec.Struct, frozen=True):
     """What the engine learned from the ticks it ran (core/engine/learner.py)."""
 
     cost: TickCost = TickCost()  # the fitted tick-time model: the one cost estimate
@@ -37,8 +38,7 @@ class EngineStats:
         return kind()
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerState:
+class SchedulerState(msgspec.Struct, frozen=True):
     sessions: tuple[SessionView, ...]
     stats: EngineStats
     now_ns: int
@@ -49,8 +49,7 @@ def views_by_seq(state: SchedulerState) -> dict[int, SessionView]:
     return {s.seq_id: s for s in state.sessions}
 
 
-@dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(msgspec.Struct, frozen=True):
     """A tick that ran, as the transformers learn from it: its time, the plan, the state it
     was planned from, the tick-time model refitted with it and the engine's constraints."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 
 @dataclass(frozen=True)
 class RuntimeParams:
@@ -43,8 +45,7 @@ class RuntimeParams:
     launch_thread: bool = False
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(msgspec.Struct, frozen=True):
     """Consecutive tokens of one sequence in the batch, from position ``pos``."""
 
     seq_id: int

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from uma_serve.core.engine.learner import TickLearner
 from uma_serve.core.metrics import EngineMetrics
@@ -123,7 +123,7 @@ def test_guard_bounds_ticks_without_interactive_decoders() -> None:
 
 
 def test_guard_lets_background_ticks_run_whole_once_interactive_traffic_is_quiet() -> None:
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     guard = LatencyGuard(GuardSettings(quiet_ms=1000.0))
     bg = view(1, Phase.PREFILL, "background", 1000)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import given, strategies as st
+from msgspec.structs import replace
 
 from uma_serve.core.policy import (
     BatchItem,
