@@ -214,9 +214,9 @@ def test_descending_is_the_stable_order_by_logit() -> None:
     from uma_serve.core.draw import descending
 
     rng = np.random.default_rng(0)
-    for _ in range(50):
-        x = rng.standard_normal((5, 64)).astype(np.float32)
-        x[rng.random((5, 64)) < 0.3] = np.float32(1.5)  # ties
+    for rows in [5] * 50 + [32] * 10:  # a small tick's stable sort, a large tick's keys
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        x[rng.random((rows, 64)) < 0.3] = np.float32(1.5)  # ties
         x[:, 5], x[:, 6], x[:, 7] = -0.0, 0.0, -np.inf
         want = np.argsort(-x.astype(np.float64), axis=1, kind="stable")
         assert (descending(x) == want).all()
