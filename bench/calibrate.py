@@ -9,12 +9,13 @@ as ``umad --bmt-budget`` (or UMA_BMT_BUDGET).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from uma_serve.bench import common
 from uma_serve.core.policy import BatchItem, ModelFacts, Phase, SessionView
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     gbs = statistics.median(r["gbs"] for r in rows)
     out = Path(args.out) / time.strftime("calibrate-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"effective_gbs": gbs, "points": rows, "model_facts": dataclasses.asdict(facts)}
+    summary = {"effective_gbs": gbs, "points": rows, "model_facts": msgspec.structs.asdict(facts)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"effective bandwidth {gbs:.2f} GB/s: run umad --bmt-budget {gbs:.2f}")
     print(f"summary: {out / 'summary.json'}")

@@ -145,3 +145,21 @@ def test_bench_grammar_mix_quick(tmp_path: Path) -> None:
     for key in ("alone_tok_per_s", "plain_tok_per_s", "mixed_tok_per_s"):
         assert summary[key] > 0, key
     assert summary["mixed_over_plain"] > 0 and summary["beside_over_alone"] > 0
+
+
+def test_bench_calibrate_writes_the_bandwidth_and_the_model_facts(tmp_path: Path) -> None:
+    """`bench calibrate` (what --bmt-budget is set from), one short point on the embedded
+    model: its summary holds the GB/s it prints and the model's facts the guard reads."""
+    proc = subprocess.run(
+        [BENCH, "calibrate", "--n-seq", "1", "--contexts", "64", "--ticks", "2",
+         "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    (path,) = tmp_path.glob("calibrate-*/summary.json")
+    summary = json.loads(path.read_text())
+    assert summary["effective_gbs"] > 0
+    assert summary["model_facts"]["weights_bytes"] > 0
+    assert summary["model_facts"]["n_expert"] == 0  # Gemma 3 is dense
