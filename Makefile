@@ -58,6 +58,9 @@ run: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	# llama.cpp's own server from the same sources, for the peers test (built once, ~5 min on
+	# 2 cores, cached under ~/.cache/uma-serve/peers)
+	$(BIN)/python -m uma_serve.bench.peers_build llama-server
 	$(BIN)/pytest -q -rs
 
 lint: install

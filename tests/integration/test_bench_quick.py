@@ -112,11 +112,12 @@ def test_bench_conversation_quick(agent: bool, tmp_path: Path) -> None:
 
 
 def test_bench_peers_quick(tmp_path: Path) -> None:
-    if not peers_build.llama_server_bin().exists():
-        pytest.skip(
-            f"llama-server peer not built/cached at {peers_build.llama_server_bin()} "
-            "(build once: python -m uma_serve.bench.peers_build llama-server)"
-        )
+    """UMA Serve and llama-server built from the same llama.cpp sources, in one run (`make
+    test` builds the peer first)."""
+    assert peers_build.llama_server_bin().exists(), (
+        f"llama-server peer not built at {peers_build.llama_server_bin()}: "
+        "python -m uma_serve.bench.peers_build llama-server"
+    )
     out = tmp_path / "peers"
     summary = run_bench(
         out, "peers", "--servers", "uma,llama-server", "--scenarios", "solo,sweep", timeout=400
