@@ -24,7 +24,7 @@ _logits_ith = held(ll.llama_get_sampled_logits_ith)
 Candidates = tuple[list[int], list[float]]  # a row's token ids and their logits, unsorted
 
 
-def read_candidates(ctx: ll.llama_context_p, rows: list[int], k: int) -> list[Candidates]:
+def read(ctx: ll.llama_context_p, rows: list[int], k: int) -> list[Candidates]:
     """The top-k of batch ``rows``: for each, its token ids and their logits (unsorted; at most
     ``k``), copied out of llama.cpp's buffers (valid until the next decode)."""
     out: list[Candidates] = []

@@ -14,8 +14,8 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime import candidates as device_candidates
 from uma_serve.core.runtime.batch import DecodeBatch
-from uma_serve.core.runtime.candidates import Candidates, read_candidates
 from uma_serve.core.runtime.gil import held
 from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
@@ -349,10 +349,10 @@ class Runtime(KvMemory):
         return chain
 
     @landed
-    def candidates(self, rows: list[int]) -> list[Candidates]:
+    def candidates(self, rows: list[int]) -> list[device_candidates.Candidates]:
         """The device top-k of batch rows: each one's token ids and logits as lists, unsorted
         (core/runtime/candidates.py)."""
-        return read_candidates(self.ctx, rows, self.params.device_top_k)
+        return device_candidates.read(self.ctx, rows, self.params.device_top_k)
 
     @landed
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
