@@ -5,16 +5,11 @@ top-p -> min-p -> temperature and one draw from their own RNG along the row sort
 with llama.cpp's maths (core/sampling.py turns a decode's rows into candidates). Rows are drawn
 together with one set of numpy calls: 16 rows cost what 3-4 cost one by one (the calls, not
 the data, are the cost); up to ``ROW_BY_ROW`` rows (a lone stream's tick) are drawn one by
-one with a third of the calls, the same tokens. The device's candidates come as Python lists
-and are drawn in plain Python (``draw_lists``, the same tokens): no numpy call lets the GIL go
-on the way (core/runtime/candidates.py says why that matters).
+one with a third of the calls, the same tokens.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left, bisect_right
-from itertools import accumulate
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -70,38 +65,6 @@ def draw(
     tokens[~g] = _sample(sampled, ids[~g], logits[~g], None if rest is None else rest[~g],
                          not by_id)  # fmt: skip
     return tokens.tolist()
-
-
-def draw_lists(states: list[Chain], rows: list[tuple[list[int], list[float]]]) -> list[int]:
-    """``draw`` for rows given as (ids, logits) lists, such as the device's candidates: each
-    row's token by the same maths in plain Python (the same tokens, ``_sample_row``'s steps),
-    so the GIL stays with the caller. A row with a non-finite logit goes through ``draw``."""
-    return [_draw_list(s, ids, logits) for s, (ids, logits) in zip(states, rows, strict=True)]
-
-
-def _draw_list(state: Chain, ids: list[int], logits: list[float]) -> int:
-    if not math.isfinite(sum(logits)):  # NaN or an infinity: numpy's maths decide
-        return draw([state], np.array([ids], np.int64), np.array([logits], np.float32))[0]
-    top_k, log_min_p, top_p, temperature = state.chain
-    if temperature <= 0.0:  # greedy: the largest logit, the lowest id on a tie
-        peak = max(logits)
-        return min(i for i, x in zip(ids, logits, strict=True) if x == peak)
-    order = sorted(range(len(logits)), key=logits.__getitem__, reverse=True)  # stable
-    if top_k < len(order):
-        del order[int(top_k) :]
-    peak = logits[order[0]]
-    cand = [logits[i] - peak for i in order]
-    n = next((j for j, c in enumerate(cand) if c < log_min_p), len(cand))  # min-p: a prefix
-    exp = math.exp
-    if top_p < 1.0:
-        mass = list(accumulate(map(exp, cand)))
-        n = min(n, bisect_left(mass, top_p * mass[-1]) + 1)  # the nucleus: those below, one more
-    w = [exp(c / temperature) for c in cand[:n]]
-    cw = list(accumulate(w))
-    pick = bisect_right(cw, state.rng.random() * cw[-1])
-    if pick >= n:  # u rounded up to the total: the last kept token
-        pick = max(j for j, x in enumerate(w) if x > 0)
-    return ids[order[pick]]
 
 
 def _argmax(ids: np.ndarray, logits: np.ndarray) -> np.ndarray:

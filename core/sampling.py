@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from uma_serve.core import protocol as p
-from uma_serve.core.draw import Candidates, draw, draw_lists, stack
+from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
@@ -250,8 +250,8 @@ class Sampler:
         tokens = [0] * len(rows)
         device = [i for i, r in enumerate(rows) if self.device_k and not r.state.full_row]
         if device:
-            cands = self.runtime.candidates([rows[i].row for i in device])
-            picks = draw_lists([rows[i].state for i in device], cands)
+            ids, logits = self.runtime.candidates([rows[i].row for i in device])
+            picks = draw([rows[i].state for i in device], ids, logits)
             for i, token in zip(device, picks, strict=True):
                 tokens[i] = token
         host: dict[bool, list[tuple[int, Candidates]]] = {}

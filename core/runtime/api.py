@@ -52,8 +52,8 @@ class RuntimeApi(Protocol):
 
     # ---- the rows of the last decode ----
     def logits_row(self, row: int) -> np.ndarray: ...
-    def candidates(self, rows: list[int]) -> list[tuple[list[int], list[float]]]:
-        """The device's top-k of each row as (ids, logits) lists (device_top_k > 0)."""
+    def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The device's top-k (ids, logits) of each row (device_top_k > 0)."""
         ...
 
     def set_device_top_k(self, seq_id: int, on: bool) -> None: ...

@@ -14,8 +14,8 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from uma_serve.core.runtime import candidates as device_candidates
 from uma_serve.core.runtime.batch import DecodeBatch
+from uma_serve.core.runtime.candidates import DeviceCandidates
 from uma_serve.core.runtime.gil import held
 from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
@@ -122,6 +122,7 @@ class Runtime(KvMemory):
         self._eog: dict[int, bool] = {}
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
+        self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
         self.first_chars: FirstChars | None = None  # a grammar's table (grammar.py)
         log.info(
             "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
@@ -349,10 +350,11 @@ class Runtime(KvMemory):
         return chain
 
     @landed
-    def candidates(self, rows: list[int]) -> list[device_candidates.Candidates]:
-        """The device top-k of batch rows: each one's token ids and logits as lists, unsorted
-        (core/runtime/candidates.py)."""
-        return device_candidates.read(self.ctx, rows, self.params.device_top_k)
+    def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
+        unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
+        call."""
+        return self._candidates.read(self.ctx, rows, self._batch.logits)
 
     @landed
     def set_device_top_k(self, seq_id: int, on: bool) -> None:

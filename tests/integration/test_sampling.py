@@ -244,36 +244,38 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
             d.stop()
 
 
-def test_device_candidates_read_as_lists_equal_llama_cpps_rows() -> None:
-    """The runtime reads each row's device top-k as Python lists (core/runtime/candidates.py):
-    every wanted row's ids and logits are exactly what llama.cpp's per-row accessors give,
-    in the order asked, also after a sequence that asks for logits on several tokens (a
-    drafted decode), one without any output row, and with rows asked out of order and one
-    left out."""
+def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
+    """The runtime reads 12 or more rows' device top-k as one gather from llama.cpp's buffer;
+    each row must hold what llama.cpp's per-row accessors give, also after a sequence that
+    asks for logits on several tokens (a drafted decode), one without any output row, and
+    with rows asked out of order and one left out."""
     import llama_cpp as ll
 
-    n_seq = 16
+    from uma_serve.core.runtime.candidates import BULK_ROWS
+
+    n_seq = BULK_ROWS + 4
     rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
     try:
         spans = [Span(s, 0, [2, 100 + 7 * s], True) for s in range(n_seq)]
         spans[3] = Span(3, 0, [2, 50, 51, 52], True, all_logits=True)  # four output rows
         spans[5] = Span(5, 0, [2, 60], False)  # no output row
         rc, rows = rt.decode(spans)
-        assert rc == 0 and rows[5] == -1
+        assert rc == 0
         rt.synchronize()
-        # not every output row (span 3's second left out), its last two in reverse order:
-        # a row's place in llama.cpp's buffer is not its place here
+        # not every output row: a row's place in llama.cpp's buffer is not its place here
         wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (3, 2)]
-        got = rt.candidates(wanted)
-        assert isinstance(got, list) and len(got) == len(wanted)
-        for row, (ids, logits) in zip(wanted, got, strict=True):
+        assert len(wanted) >= BULK_ROWS
+        assert (
+            rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits) is not None
+        )  # the gather, not the fallback
+        ids, logits = (a.copy() for a in rt.candidates(wanted))
+        for i, row in enumerate(wanted):
             n = ll.llama_get_sampled_candidates_count_ith(rt.ctx, row)
             assert n == 64
-            theirs_ids = np.ctypeslib.as_array(
-                ll.llama_get_sampled_candidates_ith(rt.ctx, row), (n,)
-            )
-            theirs = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(rt.ctx, row), (n,))
-            assert isinstance(ids, list) and isinstance(logits, list)
-            assert ids == theirs_ids.tolist() and logits == theirs.tolist(), row
+            their_ids = ll.llama_get_sampled_candidates_ith(rt.ctx, row)
+            their_logits = ll.llama_get_sampled_logits_ith(rt.ctx, row)
+            theirs_ids = np.ctypeslib.as_array(their_ids, (n,))
+            theirs = np.ctypeslib.as_array(their_logits, (n,))
+            assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), row
     finally:
         rt.close()

@@ -3,16 +3,11 @@ cut to its candidates as the device's candidates, and the law a textbook chain g
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 from host_row import only
 
-from uma_serve.core.draw import Candidates, draw, draw_lists, stack
+from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.protocol import Sampling
 from uma_serve.core.sampling import SamplerState
 
@@ -241,119 +236,3 @@ def test_a_row_without_a_finite_peak_draws_as_in_a_batch() -> None:
         alone = [draw([SamplerState(params, 0)], ids[i : i + 1], logits[i : i + 1])[0]
                  for i in range(4)]  # fmt: skip
     assert together == alone
-
-
-def _lists(ids: np.ndarray, logits: np.ndarray) -> list[tuple[list[int], list[float]]]:
-    """Rows as the device's candidates come to ``draw_lists``: Python ints and the float32
-    logits as Python floats (core/runtime/candidates.py)."""
-    return list(zip(ids.tolist(), logits.tolist(), strict=True))
-
-
-def _tied_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_rows`` with ties: in most rows a logit copied to several other columns, the peak
-    in some (greedy's lowest id, the top of the sort), any logit in others (a top-k or
-    nucleus edge), and a -0 beside a +0."""
-    ids, logits = _rows(rng, n)
-    for r in range(n):
-        kind = r % 4
-        if kind == 3:
-            continue  # no ties
-        src = int(np.argmax(logits[r])) if kind == 0 else int(rng.integers(K))
-        logits[r, rng.choice(K, int(rng.integers(2, 6)), replace=False)] = logits[r, src]
-        if kind == 2:
-            cols = rng.choice(K, 2, replace=False)
-            logits[r, cols[0]], logits[r, cols[1]] = -0.0, 0.0
-    return ids, logits
-
-
-@pytest.mark.parametrize("params", PARAMS)
-def test_rows_as_lists_draw_what_arrays_draw(params: Sampling) -> None:
-    """The device's candidates as Python lists (``draw_lists``, plain Python) give the token
-    the arrays give (``draw``) for the same seed, row after row, ties broken the same way:
-    in ticks of one row and of a few (drawn row by row), of 16 (one stable sort) and 32
-    (the sort by integer keys), and for rows with fewer candidates than the others (the
-    device may keep fewer than k; the arrays pad them with logit -inf)."""
-    rng = np.random.default_rng(13)
-    as_lists, as_arrays = SamplerState(params, 0), SamplerState(params, 0)
-    off_peak = 0
-    for size in [1, 2, 3, 16, 32, 5] * 5:  # 295 rows
-        ids, logits = _tied_rows(rng, size)
-        rows = _lists(ids, logits)
-        if size > 3:  # a short row among full ones
-            n = int(rng.integers(1, K))
-            rows[1] = (rows[1][0][:n], rows[1][1][:n])
-            logits[1, n:] = -np.inf
-        got = draw_lists([as_lists] * size, rows)
-        assert got == draw([as_arrays] * size, ids, logits), size
-        assert all(type(t) is int for t in got)
-        off_peak += sum(t != ids[r, np.argmax(logits[r])] for r, t in enumerate(got))
-    if params.temperature > 0 and params.top_k != 1:
-        assert off_peak > 20  # really sampled, not only the rows' peaks
-
-
-def test_a_list_row_without_a_finite_peak_draws_what_an_array_row_draws() -> None:
-    """A row holding a NaN, +inf, or only -inf (random weights overflow) gives through
-    ``draw_lists`` the token ``draw`` gives, for every chain, and the RNGs stay in step."""
-    rng = np.random.default_rng(3)
-    ids, logits = _rows(rng, 6)
-    logits[0, :] = np.nan
-    logits[1, 5] = np.inf
-    logits[2, :] = -np.inf
-    logits[3, 9] = np.nan  # one NaN among finite logits
-    logits[4, [2, 7]] = np.inf  # two infinite peaks
-    logits[5, 3], logits[5, 4] = np.inf, -np.inf
-    for params in PARAMS:
-        as_lists, as_arrays = SamplerState(params, 0), SamplerState(params, 0)
-        with np.errstate(invalid="ignore"):  # inf - inf: the NaNs the row's maths then meets
-            for r in range(len(ids)):
-                want = draw([as_arrays], ids[r : r + 1], logits[r : r + 1])
-                assert draw_lists([as_lists], _lists(ids[r : r + 1], logits[r : r + 1])) == want
-            got = draw_lists([as_lists] * len(ids), _lists(ids, logits))
-            assert got == [draw([as_arrays], ids[r : r + 1], logits[r : r + 1])[0]
-                           for r in range(len(ids))]  # fmt: skip
-        finite = _rows(rng, 4)  # then finite rows: the same tokens still
-        assert draw_lists([as_lists] * 4, _lists(*finite)) == draw([as_arrays] * 4, *finite)
-
-
-def _turns_while(call: Callable[[], object], times: int) -> int:
-    """How far a thread spinning for the GIL gets while ``call`` runs ``times`` times (it
-    stops at the first turn it sees). The switch interval is longer than the calls take,
-    so only a call that lets the GIL go gives the spinner a turn."""
-    count, stop = [0], threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            count[0] += 1
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.5)
-    spinner = threading.Thread(target=spin, daemon=True)
-    try:
-        spinner.start()
-        deadline = time.monotonic() + 30
-        while count[0] == 0:  # the spinner runs, and waits for the GIL from here on
-            assert time.monotonic() < deadline, "the spinner never ran"
-        before = count[0]
-        for _ in range(times):
-            call()
-            if count[0] != before:
-                break
-        return count[0] - before
-    finally:
-        stop.set()
-        spinner.join(timeout=10)
-        sys.setswitchinterval(interval)
-        assert not spinner.is_alive()
-
-
-def test_rows_as_lists_are_drawn_with_the_gil_held() -> None:
-    """``draw_lists`` keeps the GIL: a thread waiting for it gets no turn while the engine
-    thread draws 16 rows again and again (each release would wake it, and the engine thread
-    would wait to get the GIL back: core/runtime/candidates.py). The control: numpy's
-    ``draw`` of the same 16 x 64 rows lets it go, and the spinner moves."""
-    rng = np.random.default_rng(1)
-    ids, logits = _rows(rng, 16)
-    rows = _lists(ids, logits)
-    states = [SamplerState(p, 0) for p in PARAMS] * 2
-    assert _turns_while(lambda: draw_lists(states, rows), 200) == 0
-    assert _turns_while(lambda: draw(states, ids, logits), 200) > 0  # the probe sees a release
