@@ -1,35 +1,66 @@
-"""A runtime's launch thread: it runs the context's llama_decode calls, which release the GIL,
-so the engine thread's Python work for other contexts overlaps llama_decode's own host work
-(the batch checks, the attention mask). The runtime waits for a launch to return before any
-other call on its context (``landed`` in kv_memory.py)."""
+"""A runtime's launch thread: it runs the context's llama_decode calls, so the engine thread's
+Python work for other contexts overlaps llama_decode's own host work (the batch checks, the
+attention mask). The thread is native (launch.c, built with the package): it never takes the
+GIL, which a Python thread had to take to start each llama_decode and again once it returned,
+each time from the engine thread. The runtime waits for a launch to return before any other
+call on its context (``landed`` in kv_memory.py)."""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+import ctypes
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
 
 
+def _library() -> tuple[Any, Any]:
+    """launch.c's library, as calls that keep the GIL and calls that release it."""
+    here = Path(__file__).parent
+    found = [here / f"_launch{s}" for s in EXTENSION_SUFFIXES if (here / f"_launch{s}").exists()]
+    if not found:
+        raise ImportError("uma_serve.core.runtime._launch is not built: reinstall the package")
+    path = str(found[0])
+    return ctypes.PyDLL(path), ctypes.CDLL(path)
+
+
+_HELD, _RELEASED = _library()
+_HELD.uma_launch_batch_size.restype = ctypes.c_size_t
+assert _HELD.uma_launch_batch_size() == ctypes.sizeof(ll.llama_batch), "llama_batch changed"
+_HELD.uma_launch_new.argtypes, _HELD.uma_launch_new.restype = [ctypes.c_void_p], ctypes.c_void_p
+_start = _HELD.uma_launch_start  # copies the batch and signals: returns at once
+_start.argtypes, _start.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], None
+_wait = _RELEASED.uma_launch_wait
+_wait.argtypes, _wait.restype = [ctypes.c_void_p], ctypes.c_int32
+_free = _RELEASED.uma_launch_free
+_free.argtypes, _free.restype = [ctypes.c_void_p], None
+_count = _HELD.uma_launch_count
+_count.argtypes, _count.restype = [ctypes.c_void_p], ctypes.c_int64
+_DECODE = ctypes.cast(ll.llama_cpp._lib.llama_decode, ctypes.c_void_p).value
+
+
 class Launcher:
     def __init__(self) -> None:
-        # its thread starts at the first launch, from the engine thread (whose niceness it takes)
-        self._pool = ThreadPoolExecutor(1, "uma-launch")
-        self._started = threading.Event()  # the thread is inside llama_decode
+        self._handle = _HELD.uma_launch_new(_DECODE)
+        if not self._handle:
+            raise RuntimeError("could not start a launch thread")
 
-    def start(self, ctx: Any, batch: Any) -> Future[int]:
-        """llama_decode(ctx, batch) on the thread; returns once it has begun: the thread needs
-        the GIL to get there, which the caller would otherwise keep for up to the switch
-        interval (5 ms) of Python work."""
-        self._started.clear()
-        decoding = self._pool.submit(self._decode, ctx, batch)
-        self._started.wait()
-        return decoding
+    def start(self, ctx: Any, batch: Any) -> Launcher:
+        """llama_decode(ctx, batch) on the thread; ``result()`` waits for its rc. ``batch``'s
+        arrays must stay as they are until then."""
+        _start(self._handle, ctx, ctypes.byref(batch))
+        return self
 
-    def _decode(self, ctx: Any, batch: Any) -> int:  # on the launch thread
-        self._started.set()
-        return ll.llama_decode(ctx, batch)
+    @property
+    def launches(self) -> int:
+        """llama_decode calls run on the thread so far."""
+        return int(_count(self._handle))
+
+    def result(self) -> int:
+        return int(_wait(self._handle))
 
     def close(self) -> None:
-        self._pool.shutdown()
+        if self._handle:
+            _free(self._handle)
+            self._handle = None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +115,7 @@ class Runtime(KvMemory):
         self.threads = cparams.n_threads
         self._batch = DecodeBatch(params.n_batch, self._pad_id)
         self._launcher = Launcher() if params.launch_thread else None
-        self._pending: tuple[Future[int], list[Span], bool] | None = None
+        self._pending: tuple[Launcher, list[Span], bool] | None = None
         self._rc = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
