@@ -3,22 +3,23 @@
 Greedy rows take their largest logit (the lowest id on a tie); the others go through top-k ->
 top-p -> min-p -> temperature and one draw from their own RNG along the row sorted by logit,
 with llama.cpp's maths (core/sampling.py turns a decode's rows into candidates). Rows are drawn
-together with one set of numpy calls: 16 rows cost what 3-4 cost one by one (the calls, not
-the data, are the cost); up to ``ROW_BY_ROW`` rows (a lone stream's tick) are drawn one by
-one with a third of the calls, the same tokens.
+together with one set of numpy calls: 16 rows cost what 5 cost one by one (the calls, not
+the data, are the cost, so reductions call the ufuncs' own ``reduce`` and ``accumulate``,
+which skip numpy's Python wrappers: a quarter of a tick's draw); up to ``ROW_BY_ROW`` rows
+(a lone stream's tick) are drawn one by one with a third of the calls, the same tokens.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from uma_serve.core.runtime.gil import count
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
-# rows drawn one by one rather than together: 2 rows 28 against 45 us, 3 rows 42 against 48,
-# 4 rows 55 against 51 (the 2-core CPU; on an H100 host a lone stream's tick gained ~0.1 ms)
+# rows drawn one by one rather than together: 2 rows 20 against 29 us, 3 rows 30 against 32,
+# 4 rows 40 against 34 (the 2-core CPU; on an H100 host a lone stream's tick gained ~0.1 ms)
 ROW_BY_ROW = 3
 # candidates a tick sorts with a stable sort at most (16 rows of 64: 13 against 17 us)
 STABLE_SORT_MAX = 1024
@@ -28,7 +29,8 @@ class Chain(Protocol):
     """What a row's draw reads of its sequence's sampling (core/sampling.py's SamplerState)."""
 
     chain: tuple[float, float, float, float]  # top-k width, log min-p, top-p, temperature
-    rng: np.random.Generator
+
+    def uniform(self) -> float: ...  # its RNG's next draw in [0, 1)
 
 
 class Candidates(NamedTuple):
@@ -68,8 +70,8 @@ def draw(
 
 
 def _argmax(ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    tie = logits == logits.max(axis=1, keepdims=True)
-    return np.where(tie, ids, NO_ID).min(axis=1)
+    tie = logits == np.maximum.reduce(logits, axis=1, keepdims=True)
+    return np.minimum.reduce(np.where(tie, ids, NO_ID), axis=1)
 
 
 def _sample(
@@ -81,12 +83,12 @@ def _sample(
 ) -> np.ndarray:
     """top-k and top-p keep a prefix of the row sorted by logit, min-p those within a ratio
     of the peak; then one inverse-CDF draw along the row. Written for few numpy calls: they,
-    not the data, are the cost (16 rows cost what 3-4 cost one by one)."""
+    not the data, are the cost (16 rows cost what 5 cost one by one)."""
     rows, width = logits.shape
     if rows <= ROW_BY_ROW and ordered:
         rests = [0.0] * rows if rest is None else rest.tolist()
         return np.array([_sample_row(s, ids[r], logits[r], rests[r]) for r, s in enumerate(states)])
-    top_k, log_min_p, top_p, temperature = np.array([s.chain for s in states]).T[:, :, None]
+    top_k, log_min_p, top_p, temperature, nucleus = _columns(states)
     col = count(width)
     starts = count(rows)[:, None] * width  # each row's start in the flat arrays
     if ordered:
@@ -96,37 +98,49 @@ def _sample(
         logits = logits.ravel()[order].reshape(rows, width)
     cand = logits.astype(np.float64)
     keep_k = col < top_k  # top-k (0 or none: the whole row)
-    cand -= cand.max(axis=1, keepdims=True)  # the row's peak is 0
+    # ufuncs' own reduce and accumulate: ndarray.max, .sum and np.cumsum add Python layers
+    cand -= np.maximum.reduce(cand, axis=1, keepdims=True)  # the row's peak is 0
     keep = keep_k & (cand >= log_min_p)  # min-p: p >= min_p * p_max
-    if (top_p < 1.0).any():  # the first prefix of the top-k holding top_p of its mass
-        mass = np.cumsum(np.exp(cand) * keep_k, axis=1)
+    if nucleus:  # the first prefix of the top-k holding top_p of its mass
+        mass = np.add.accumulate(np.exp(cand) * keep_k, axis=1)
         total = mass[:, -1:] if rest is None else mass[:, -1:] + rest[:, None]
-        keep &= col <= (mass < top_p * total).sum(1, keepdims=True)
+        keep &= col <= np.add.reduce(mass < top_p * total, axis=1, keepdims=True)
     w = np.exp(cand / temperature) * keep
-    cw = np.cumsum(w, axis=1)
-    u = np.array([s.rng.random() for s in states])[:, None] * cw[:, -1:]
-    pick = (cw <= u).sum(axis=1)
-    if pick.max() >= width:  # u rounded up to the total: the last kept token
+    cw = np.add.accumulate(w, axis=1)
+    u = np.array([s.uniform() for s in states])[:, None] * cw[:, -1:]
+    pick = np.add.reduce(cw <= u, axis=1)
+    if np.maximum.reduce(pick) >= width:  # u rounded up to the total: the last kept token
         pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
     return ids.ravel()[pick + starts[:, 0]]
 
 
+def _columns(states: list[Chain]) -> tuple[Any, Any, Any, Any, bool]:
+    """The rows' chain parameters as (rows, 1) columns, or as numbers when every row has the
+    same ones (the usual tick: 16 rows' columns cost ~6 us); and whether any row has a top-p."""
+    chains = [s.chain for s in states]
+    nucleus = min(c[2] for c in chains) < 1.0
+    if chains.count(chains[0]) == len(chains):
+        return (*chains[0], nucleus)
+    top_k, log_min_p, top_p, temperature = np.array(chains).T[:, :, None]
+    return top_k, log_min_p, top_p, temperature, nucleus
+
+
 def _sample_row(state: Chain, ids: np.ndarray, logits: np.ndarray, rest: float) -> int:
     """``_sample`` for one row: the same steps on the kept prefix, a third of the numpy
-    calls (15 against 42 us on the 2-core CPU), the same token."""
+    calls (11 against 25 us on the 2-core CPU), the same token."""
     top_k, log_min_p, top_p, temperature = state.chain
-    order = np.argsort(-logits, kind="stable")  # by logit, ties in column order
+    order = (-logits).argsort(kind="stable")  # by logit, ties in column order
     cand = logits[order[: min(top_k, len(order))]].astype(np.float64)
     cand -= cand[0]
     n = int(np.count_nonzero(cand >= log_min_p))
     if not n:  # no finite peak (NaN or infinite logits): the row's first, as ``_sample``'s
         return int(ids[order[0]])
     if top_p < 1.0:
-        mass = np.cumsum(np.exp(cand))
+        mass = np.add.accumulate(np.exp(cand))
         n = min(n, int(np.count_nonzero(mass < top_p * (mass[-1] + rest))) + 1)
     w = np.exp(cand[:n] / temperature)
-    cw = np.cumsum(w)
-    pick = int(np.count_nonzero(cw <= state.rng.random() * cw[-1]))
+    cw = np.add.accumulate(w)
+    pick = int(np.count_nonzero(cw <= state.uniform() * cw[-1]))
     if pick >= n:  # u rounded up to the total: the last kept token
         pick = n - 1 - int(np.argmax(w[::-1] > 0))
     return int(ids[order[pick]])
@@ -137,7 +151,7 @@ def descending(logits: np.ndarray) -> np.ndarray:
     small tick (4 x 64: 4 against 10 us), else a quicksort of unique integer keys (64 x 64:
     39 against 89 us; float32 bits made monotonic, -0 as +0, the column in the low bits)."""
     if logits.size <= STABLE_SORT_MAX:
-        return np.argsort(-logits, axis=1, kind="stable")
+        return (-logits).argsort(axis=1, kind="stable")
     bits = (logits + np.float32(0.0)).view(np.int32).astype(np.int64)
     key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ascending with the float
     col_bits = max(int(logits.shape[1] - 1).bit_length(), 1)

@@ -32,6 +32,7 @@ from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
+UNIFORM_BATCH = 64  # a sequence's random draws made at once (core/draw.py takes one a token)
 
 
 class SamplerState:
@@ -45,6 +46,7 @@ class SamplerState:
         self.p = params
         seed = params.seed if params.seed is not None else default_seed
         self.rng = np.random.Generator(np.random.PCG64(seed))
+        self._uniforms: list[float] = []  # the RNG's next draws, next one last
         self.history: deque[int] = deque(maxlen=PENALTY_LAST_N)
         self.penalized = (
             params.repeat_penalty != 1.0
@@ -63,6 +65,13 @@ class SamplerState:
             params.top_p,
             params.temperature,
         )
+
+    def uniform(self) -> float:
+        """The RNG's next draw in [0, 1): the stream of one ``rng.random()`` a token, made
+        UNIFORM_BATCH at a time (64 cost 1.3 us at once against 37 us one by one)."""
+        if not self._uniforms:
+            self._uniforms = self.rng.random(UNIFORM_BATCH)[::-1].tolist()
+        return self._uniforms.pop()
 
     def needs_full_row(self, device_k: int) -> bool:
         return needs_full_row(self.p, device_k, grammar=self.grammar is not None)

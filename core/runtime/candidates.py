@@ -75,8 +75,8 @@ class DeviceCandidates:
         if len(rows) < BULK_ROWS:
             return None
         at = np.asarray(rows)
-        out = np.cumsum(outputs[: int(at.max()) + 1], dtype=np.int64)[at] - 1
-        ends = (int(np.argmin(out)), int(np.argmax(out)))
+        out = np.add.accumulate(outputs[: max(rows) + 1], dtype=np.int64)[at] - 1
+        ends = (int(out.argmin()), int(out.argmax()))
         pointers = []
         for end in ends:
             row = rows[end]

@@ -9,7 +9,7 @@ from host_row import only
 
 from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.protocol import Sampling
-from uma_serve.core.sampling import SamplerState
+from uma_serve.core.sampling import UNIFORM_BATCH, SamplerState
 
 K = 64
 PARAMS = [
@@ -236,3 +236,12 @@ def test_a_row_without_a_finite_peak_draws_as_in_a_batch() -> None:
         alone = [draw([SamplerState(params, 0)], ids[i : i + 1], logits[i : i + 1])[0]
                  for i in range(4)]  # fmt: skip
     assert together == alone
+
+
+def test_a_sequences_draws_are_its_rngs_stream_across_refills() -> None:
+    """The uniforms made UNIFORM_BATCH at a time are the stream of one ``random()`` a token,
+    so a seed gives the same tokens whatever the batching."""
+    state = SamplerState(Sampling(seed=42), 0)
+    reference = np.random.Generator(np.random.PCG64(42))
+    n = 3 * UNIFORM_BATCH + 5
+    assert [state.uniform() for _ in range(n)] == [reference.random() for _ in range(n)]
