@@ -112,8 +112,14 @@ def item_shape(item: BatchItem, view: SessionView) -> TickShape:
 
 
 def plan_shape(items: tuple[BatchItem, ...], views: dict[int, SessionView]) -> TickShape:
-    """The features of a batch for the tick-time model."""
-    shape = TickShape(0, 0, 0.0)
+    """The features of a batch for the tick-time model: the sum of its items' (item_shape),
+    added up in place (a shape built and added per item: ~2% of the engine thread)."""
+    decode, prefill, kv = 0, 0, 0.0
     for item in items:
-        shape = shape + item_shape(item, views[item.seq_id])
-    return shape
+        n = item.n_tokens
+        kv += n * (views[item.seq_id].n_past + (n + 1) / 2) / 1000.0
+        if item.phase is Phase.DECODE:
+            decode += n
+        else:
+            prefill += n
+    return TickShape(decode, prefill, kv)

@@ -16,7 +16,7 @@ from uma_serve.core.policy import (
     SessionView as View,
 )
 from uma_serve.core.policy.bmt import BmtGuard, BmtSettings, tick_bytes, weight_bytes
-from uma_serve.core.policy.cost import TickCost
+from uma_serve.core.policy.cost import TickCost, TickShape
 from uma_serve.core.policy.lanes import QosLanes, Turns
 from uma_serve.core.policy.latency_guard import (
     STARVED_CHUNK,
@@ -26,7 +26,7 @@ from uma_serve.core.policy.latency_guard import (
     Pause,
 )
 from uma_serve.core.policy.pipeline import build_policy
-from uma_serve.core.policy.plan import ModelFacts, plan_shape
+from uma_serve.core.policy.plan import ModelFacts, item_shape, plan_shape
 
 NOW = 10_000_000_000
 COST = TickCost(a=15.0, b=3.0, c=3.0, d=0.0, samples=100)  # decode 1: 18 ms; +3 ms per token
@@ -324,3 +324,13 @@ def test_a_chat_turn_holds_bulk_prefill_where_cost_is_stepped() -> None:
     cpu._model._cost = COST
     cpu.record(5.0, turn, SchedulerState(views, EngineStats(cost=COST), NOW), m)
     assert cpu.stats.own(GuardState).hold == 0
+
+
+def test_a_plans_shape_is_the_sum_of_its_items_shapes() -> None:
+    """plan_shape adds the items up in place: the same shape as item_shape's, summed."""
+    items = (dec(0), pre(1, 40), BatchItem(2, Phase.DECODE, 4, True), pre(3, 1, True), dec(4))
+    views = {i: view(i, Phase.DECODE, n_past=17 * i + 3) for i in range(5)}
+    summed = TickShape(0, 0, 0.0)
+    for item in items:
+        summed = summed + item_shape(item, views[item.seq_id])
+    assert plan_shape(items, views) == summed
