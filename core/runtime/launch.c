@@ -4,6 +4,7 @@
    copies the batch and signals) and later waits for the rc (uma_launch_wait, called with the
    GIL released). A Python launch thread needs the GIL to start llama_decode and again once it
    returns; each time it takes the GIL from the engine thread, whose work bounds the ticks. */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@ typedef struct {
 
 static void *run(void *arg) {
     launcher_t *l = arg;
+    pthread_setname_np(pthread_self(), "uma-launch"); /* as top, py-spy and the tests see it */
     pthread_mutex_lock(&l->lock);
     for (;;) {
         while (l->state != PENDING && l->state != QUIT)

@@ -42,20 +42,23 @@ _DECODE = ctypes.cast(ll.llama_cpp._lib.llama_decode, ctypes.c_void_p).value
 
 class Launcher:
     def __init__(self) -> None:
-        self._handle = _HELD.uma_launch_new(_DECODE)
-        if not self._handle:
-            raise RuntimeError("could not start a launch thread")
+        # its thread starts at the first launch, from the engine thread (whose niceness it takes)
+        self._handle: int | None = None
 
     def start(self, ctx: Any, batch: Any) -> Launcher:
         """llama_decode(ctx, batch) on the thread; ``result()`` waits for its rc. ``batch``'s
         arrays must stay as they are until then."""
+        if self._handle is None:
+            self._handle = _HELD.uma_launch_new(_DECODE)
+            if not self._handle:
+                raise RuntimeError("could not start a launch thread")
         _start(self._handle, ctx, ctypes.byref(batch))
         return self
 
     @property
     def launches(self) -> int:
         """llama_decode calls run on the thread so far."""
-        return int(_count(self._handle))
+        return 0 if self._handle is None else int(_count(self._handle))
 
     def result(self) -> int:
         return int(_wait(self._handle))

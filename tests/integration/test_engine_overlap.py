@@ -6,7 +6,10 @@ calls wait for the decode in flight."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +44,7 @@ def run(
     overlap: bool,
     requests: list[p.Generate],
     cancel_after: str = "",
+    compute_nice: int = 0,
 ) -> dict:
     """Each request's (text, final event); ``cancel_after``: the request cancelled once its
     third token is out."""
@@ -62,7 +66,8 @@ def run(
 
     c = Constraints(n_batch=256, tick_budget_ms=1000.0)
     rts = rt if isinstance(rt, list) else [rt]
-    engine = Engine(rts, [BaselinePolicy() for _ in rts], c, sink, seed=1, overlap=overlap)
+    policies = [BaselinePolicy() for _ in rts]
+    engine = Engine(rts, policies, c, sink, seed=1, overlap=overlap, compute_nice=compute_nice)
     for i, r in enumerate(requests):
         engine.submit(Submission((1, r.id), r, rts[0].tokenize(r.prompt), i))
     engine.start()
@@ -188,3 +193,35 @@ def test_a_conversation_turn_reuses_its_history_with_a_tick_in_flight() -> None:
     assert got[1].usage.cached_tokens > got[0].usage.prompt_tokens
     assert got[1].usage.cached_tokens == want[1].usage.cached_tokens
     assert [e.usage.completion_tokens for e in got] == [e.usage.completion_tokens for e in want]
+
+
+def test_a_launch_thread_takes_the_engine_threads_niceness() -> None:
+    """A context's launch thread (native: launch.c) starts at its first launch, from the
+    engine thread, so it runs at the compute threads' raised nice value (core/engine/nice.py)
+    as the Python thread it replaced did."""
+    params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=2, launch_thread=True)
+    first = Runtime(params)
+    second = Runtime(params, model_of=first)
+    others = set(_launch_threads())  # other tests' runtimes' threads
+    try:
+        assert set(_launch_threads()) == others  # none before a launch
+        reqs = [greedy("a", "The three laws of motion are"), greedy("b", "Once upon a time,")]
+        run([first, second], True, reqs, compute_nice=3)
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        ours = {tid: nice for tid, nice in _launch_threads().items() if tid not in others}
+        assert ours and set(ours.values()) == {base + 3}
+    finally:
+        second.close()
+        first.close()
+    assert not set(_launch_threads()) & set(ours)  # they end with their runtimes
+
+
+def _launch_threads() -> dict[int, int]:
+    """This process's launch threads: thread id -> nice value (/proc's stat, field 19)."""
+    found = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().strip() == "uma-launch":
+                stat = (task / "stat").read_text()
+                found[int(task.name)] = int(stat[stat.rindex(")") + 2 :].split()[16])
+    return found
