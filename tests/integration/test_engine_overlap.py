@@ -203,13 +203,14 @@ def test_a_launch_thread_takes_the_engine_threads_niceness() -> None:
     first = Runtime(params)
     second = Runtime(params, model_of=first)
     others = set(_launch_threads())  # other tests' runtimes' threads
+    ours: dict[int, int] = {}
     try:
         assert set(_launch_threads()) == others  # none before a launch
         reqs = [greedy("a", "The three laws of motion are"), greedy("b", "Once upon a time,")]
         run([first, second], True, reqs, compute_nice=3)
-        base = os.getpriority(os.PRIO_PROCESS, 0)
+        raised = min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19)  # 19: the most nice there is
         ours = {tid: nice for tid, nice in _launch_threads().items() if tid not in others}
-        assert ours and set(ours.values()) == {base + 3}
+        assert ours and set(ours.values()) == {raised}
     finally:
         second.close()
         first.close()
