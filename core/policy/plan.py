@@ -103,9 +103,14 @@ class Plan(msgspec.Struct, frozen=True):
         return not self.items
 
 
+def attended_k(n_tokens: int, n_past: int) -> float:
+    """KV cells ``n_tokens`` new tokens after ``n_past`` attend over, in thousands."""
+    return n_tokens * (n_past + (n_tokens + 1) / 2) / 1000.0
+
+
 def item_shape(item: BatchItem, view: SessionView) -> TickShape:
     """One item's features for the tick-time model (its attention cost from its n_past)."""
-    kv = item.n_tokens * (view.n_past + (item.n_tokens + 1) / 2) / 1000.0
+    kv = attended_k(item.n_tokens, view.n_past)
     if item.phase is Phase.DECODE:  # a drafted token has its logits row, as a decode
         return TickShape(item.n_tokens, 0, kv)
     return TickShape(0, item.n_tokens, kv)
@@ -117,7 +122,7 @@ def plan_shape(items: tuple[BatchItem, ...], views: dict[int, SessionView]) -> T
     decode, prefill, kv = 0, 0, 0.0
     for item in items:
         n = item.n_tokens
-        kv += n * (views[item.seq_id].n_past + (n + 1) / 2) / 1000.0
+        kv += attended_k(n, views[item.seq_id].n_past)
         if item.phase is Phase.DECODE:
             decode += n
         else:

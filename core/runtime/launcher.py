@@ -45,7 +45,7 @@ class Launcher:
         # its thread starts at the first launch, from the engine thread (whose niceness it takes)
         self._handle: int | None = None
 
-    def start(self, ctx: Any, batch: Any) -> Launcher:
+    def start(self, ctx: Any, batch: Any) -> None:
         """llama_decode(ctx, batch) on the thread; ``result()`` waits for its rc. ``batch``'s
         arrays must stay as they are until then."""
         if self._handle is None:
@@ -53,7 +53,6 @@ class Launcher:
             if not self._handle:
                 raise RuntimeError("could not start a launch thread")
         _start(self._handle, ctx, ctypes.byref(batch))
-        return self
 
     @property
     def launches(self) -> int:

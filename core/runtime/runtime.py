@@ -115,7 +115,7 @@ class Runtime(KvMemory):
         self.threads = cparams.n_threads
         self._batch = DecodeBatch(params.n_batch, self._pad_id)
         self._launcher = Launcher() if params.launch_thread else None
-        self._pending: tuple[Launcher, list[Span], bool] | None = None
+        self._pending: tuple[list[Span], bool] | None = None  # a launch not yet returned
         self._rc = 0
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
@@ -260,7 +260,8 @@ class Runtime(KvMemory):
             return self.decode(spans)[1]
         self._landed()
         rows, padded = self._batch.fill(spans)
-        self._pending = self._launcher.start(self.ctx, self._batch.batch), spans, padded
+        self._launcher.start(self.ctx, self._batch.batch)
+        self._pending = spans, padded
         return rows
 
     def _land(self, rc: int, spans: list[Span], padded: bool) -> None:
@@ -276,9 +277,10 @@ class Runtime(KvMemory):
         """Wait for a launch on the launch thread to return (not for the device: that is
         ``synchronize``); the last decode's rc."""
         if self._pending is not None:
-            decoding, spans, padded = self._pending
+            spans, padded = self._pending
             self._pending = None
-            self._land(decoding.result(), spans, padded)
+            assert self._launcher is not None
+            self._land(self._launcher.result(), spans, padded)
         return self._rc
 
     def _tag_shadow(self, seq_id: int, end: int) -> None:
