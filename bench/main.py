@@ -22,6 +22,7 @@ SCENARIOS: dict[str, str] = {
     "shared-prefix": "shared_prefix",
     "repetitive": "repetitive",
     "warm-floor": "warm_floor",
+    "floor": "floor",
     "grammar-mix": "grammar_mix",
     "conversation": "conversation",
     "ceiling": "ceiling",

@@ -1,0 +1,144 @@
+"""floor: a decode with nothing around it, the least a server on this llama.cpp takes a tick.
+
+N sequences decode one token a tick, launched and synchronized in a loop with UMA Serve's
+`Runtime` (no daemon, engine, sampling or socket), in three forms that differ only in what
+a decode outputs: the device's top-k (what umad reads on a GPU), every logits row copied to
+the host (what llama-batched-bench and a host sampler get), and no outputs (the projection
+onto the vocabulary skipped). The forms alternate, round by round. `ceiling` and `sweep`
+read against it: UMA Serve / floor is the server's own cost, floor / ceiling llama.cpp's and
+the cache layout's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from uma_serve.bench import common
+
+if TYPE_CHECKING:  # the runtime package loads llama.cpp: imported where it runs only
+    from uma_serve.core.runtime import Runtime
+
+FORMS = ("top-k", "rows", "none")  # what each decode outputs (module docstring)
+PROMPT_TOKENS = 12  # each sequence's prompt: short, so that attention costs little
+WARM_TICKS = 3  # untimed ticks after a form's switch (a graph reservation, a CUDA graph)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--levels", default="1,16", help="sequences decoding at once (default 1,16)")
+    ap.add_argument("--ticks", type=int, default=150, help="timed ticks a round (default 150)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the three forms")
+    ap.add_argument("--top-k", type=int, default=64, help="the device's candidates a row")
+    ap.add_argument("--n-ctx", type=int, default=32768)
+    common.add_in_process(ap)
+
+
+def run(args: argparse.Namespace) -> int:
+    from uma_serve.core.config import default_model_path
+
+    levels = [int(x) for x in args.levels.split(",")]
+    model = args.model or default_model_path()
+    rt = _open_runtime(args, model, max(levels))
+    need = PROMPT_TOKENS + WARM_TICKS + args.ticks
+    if rt.n_ctx_per_seq < need:
+        rt.close()
+        raise SystemExit(f"floor: --n-ctx gives {rt.n_ctx_per_seq} cells a sequence, {need} needed")
+    prompt = rt.tokenize("Once upon a time, in a land far away, there lived " * 2)[:PROMPT_TOKENS]
+    ms: dict[int, dict[str, list[float]]] = {n: {f: [] for f in FORMS} for n in levels}
+    for n in levels:
+        for _ in range(args.rounds):
+            for form in FORMS:
+                ms[n][form].append(time_form(rt, n, form, prompt, args.ticks))
+    rt.close()
+    summary = _summary(args, model, ms)
+    out = Path(args.out) / time.strftime("floor-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_summary(summary, out)
+    return 0
+
+
+def _open_runtime(args: argparse.Namespace, model: str, n_seq: int) -> Runtime:
+    from uma_serve.core.runtime import Runtime, RuntimeParams
+
+    return Runtime(
+        RuntimeParams(
+            model,
+            n_ctx=args.n_ctx,
+            n_seq=n_seq,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+            device_top_k=args.top_k,
+            max_outputs_per_seq=1,
+        )
+    )
+
+
+def tick(rt: Runtime, n: int, pos: int, form: str) -> list[int]:
+    """One token for each of sequences 0..n-1 at ``pos``: launched and synchronized; the
+    decode's output rows (-1 where it has none)."""
+    from uma_serve.core.runtime import Span
+
+    rows = rt.launch([Span(s, pos, [PROMPT_TOKENS + s], form != "none") for s in range(n)])
+    rc = rt.synchronize()
+    assert rc == 0, rc
+    return rows
+
+
+def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
+    """Sequences 0..n-1 emptied, their device top-k on or off as ``form`` says, prompts
+    prefilled (as many as a batch holds at once); the first position to decode at."""
+    from uma_serve.core.runtime import Span
+
+    for s in range(rt.params.n_seq):
+        rt.set_device_top_k(s, form == "top-k")
+    for s in range(n):
+        rt.seq_clear(s)
+    group = max(1, rt.n_batch // len(prompt))
+    for first in range(0, n, group):
+        rt.launch([Span(s, 0, prompt, True) for s in range(first, min(first + group, n))])
+        assert rt.synchronize() == 0
+    return len(prompt)
+
+
+def time_form(rt: Runtime, n: int, form: str, prompt: list[int], ticks: int) -> float:
+    """Milliseconds a tick of ``n`` sequences in ``form``, over ``ticks`` ticks."""
+    pos = start_form(rt, n, form, prompt)
+    for _ in range(WARM_TICKS):
+        tick(rt, n, pos, form)
+        pos += 1
+    t0 = time.perf_counter()
+    for _ in range(ticks):
+        tick(rt, n, pos, form)
+        pos += 1
+    return (time.perf_counter() - t0) / ticks * 1e3
+
+
+def _summary(args: argparse.Namespace, model: str, ms: dict[int, dict[str, list[float]]]) -> dict:
+    """summary.json: each level's ms a tick per round and form, medians and tokens/s."""
+    levels = {}
+    for n, forms in ms.items():
+        levels[str(n)] = {
+            form: {"ms": t, "ms_p50": statistics.median(t), "tok_s": n * 1e3 / statistics.median(t)}
+            for form, t in forms.items()
+        }
+    return {
+        "meta": common.meta(args, "floor"),
+        "model": Path(model).name,
+        "n_gpu_layers": args.n_gpu_layers,
+        "ticks": args.ticks,
+        "levels": levels,
+    }
+
+
+def _print_summary(s: dict, out: Path) -> None:
+    print(f"floor: ms a tick (median of {len(next(iter(s['levels'].values()))['none']['ms'])})")
+    print(f"{'sequences':>9}  " + "  ".join(f"{f:>16}" for f in FORMS))
+    for n, forms in s["levels"].items():
+        cells = [f"{forms[f]['ms_p50']:7.3f} ({forms[f]['tok_s']:6.0f}/s)" for f in FORMS]
+        print(f"{n:>9}  " + "  ".join(cells))
+    print(f"summary: {out / 'summary.json'}")
