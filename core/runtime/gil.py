@@ -28,10 +28,11 @@ memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, c
 )
 
 
-def held(func: Any) -> Any:
-    """``func`` (a llama_cpp ctypes function) as a call that keeps the GIL."""
-    quick = getattr(_HELD, func.__name__)
-    quick.argtypes, quick.restype = func.argtypes, func.restype
+def held(func: Any, restype: Any = None) -> Any:
+    """``func`` (a llama_cpp ctypes function) as a call that keeps the GIL; ``restype``
+    overrides its result's type (``c_void_p``: a pointer as a plain int, no pointer object)."""
+    quick = _HELD[func.__name__]  # a function object of its own: its types are ours to set
+    quick.argtypes, quick.restype = func.argtypes, restype or func.restype
     return quick
 
 

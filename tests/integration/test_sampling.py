@@ -248,7 +248,8 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
     """The runtime reads 12 or more rows' device top-k as one gather from llama.cpp's buffer;
     each row must hold what llama.cpp's per-row accessors give, also after a sequence that
     asks for logits on several tokens (a drafted decode), one without any output row, and
-    with rows asked out of order and one left out."""
+    with rows asked out of order and one left out; and tick after tick, as the gather's views
+    on that buffer are kept while it stays where it is and made again when it changes."""
     import llama_cpp as ll
 
     from uma_serve.core.runtime.candidates import BULK_ROWS
@@ -256,26 +257,38 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
     n_seq = BULK_ROWS + 4
     rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
     try:
-        spans = [Span(s, 0, [2, 100 + 7 * s], True) for s in range(n_seq)]
-        spans[3] = Span(3, 0, [2, 50, 51, 52], True, all_logits=True)  # four output rows
-        spans[5] = Span(5, 0, [2, 60], False)  # no output row
-        rc, rows = rt.decode(spans)
-        assert rc == 0
-        rt.synchronize()
-        # not every output row: a row's place in llama.cpp's buffer is not its place here
-        wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (3, 2)]
-        assert len(wanted) >= BULK_ROWS
-        assert (
-            rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits) is not None
-        )  # the gather, not the fallback
-        ids, logits = (a.copy() for a in rt.candidates(wanted))
-        for i, row in enumerate(wanted):
-            n = ll.llama_get_sampled_candidates_count_ith(rt.ctx, row)
-            assert n == 64
-            their_ids = ll.llama_get_sampled_candidates_ith(rt.ctx, row)
-            their_logits = ll.llama_get_sampled_logits_ith(rt.ctx, row)
-            theirs_ids = np.ctypeslib.as_array(their_ids, (n,))
-            theirs = np.ctypeslib.as_array(their_logits, (n,))
-            assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), row
+
+        def layout(ends: list[int], n_out: int, tick: int) -> list[Span]:
+            spans = [Span(s, ends[s], [100 + 7 * s + tick], True) for s in range(n_seq)]
+            ids = [50 + j for j in range(n_out)]  # n_out output rows
+            spans[3] = Span(3, ends[3], ids, True, all_logits=True)
+            spans[5] = Span(5, ends[5], [60 + tick], False)  # no output row
+            return spans
+
+        ends, views = [0] * n_seq, []
+        # the same layout twice (the views kept), then more output rows (new views)
+        for tick, n_out in enumerate((4, 4, 8)):
+            spans = layout(ends, n_out, tick)
+            rc, rows = rt.decode(spans)
+            assert rc == 0
+            rt.synchronize()
+            # not every output row: a row's place in llama.cpp's buffer is not its place here
+            wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (n_out - 1, n_out - 2)]
+            assert len(wanted) >= BULK_ROWS
+            assert (
+                rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits) is not None
+            )  # the gather, not the fallback
+            views.append(rt._candidates._views[0])
+            ids, logits = (a.copy() for a in rt.candidates(wanted))
+            for i, row in enumerate(wanted):
+                n = ll.llama_get_sampled_candidates_count_ith(rt.ctx, row)
+                assert n == 64
+                their_ids = ll.llama_get_sampled_candidates_ith(rt.ctx, row)
+                their_logits = ll.llama_get_sampled_logits_ith(rt.ctx, row)
+                theirs_ids = np.ctypeslib.as_array(their_ids, (n,))
+                theirs = np.ctypeslib.as_array(their_logits, (n,))
+                assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), (tick, row)
+            ends = [sp.pos + len(sp.tokens) for sp in spans]
+        assert views[1] == views[0] and views[2] != views[1]
     finally:
         rt.close()
