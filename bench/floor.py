@@ -41,12 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from uma_serve.core.config import default_model_path
 
     levels = [int(x) for x in args.levels.split(",")]
+    need, per_seq = PROMPT_TOKENS + WARM_TICKS + args.ticks, args.n_ctx // max(levels)
+    if per_seq < need:  # checked before the model loads
+        raise SystemExit(f"floor: --n-ctx gives {per_seq} cells a sequence, {need} needed")
     model = args.model or default_model_path()
     rt = _open_runtime(args, model, max(levels))
-    need = PROMPT_TOKENS + WARM_TICKS + args.ticks
-    if rt.n_ctx_per_seq < need:
-        rt.close()
-        raise SystemExit(f"floor: --n-ctx gives {rt.n_ctx_per_seq} cells a sequence, {need} needed")
     prompt = rt.tokenize("Once upon a time, in a land far away, there lived " * 2)[:PROMPT_TOKENS]
     ms: dict[int, dict[str, list[float]]] = {n: {f: [] for f in FORMS} for n in levels}
     for n in levels:
@@ -131,12 +130,13 @@ def _summary(args: argparse.Namespace, model: str, ms: dict[int, dict[str, list[
         "model": Path(model).name,
         "n_gpu_layers": args.n_gpu_layers,
         "ticks": args.ticks,
+        "rounds": args.rounds,
         "levels": levels,
     }
 
 
 def _print_summary(s: dict, out: Path) -> None:
-    print(f"floor: ms a tick (median of {len(next(iter(s['levels'].values()))['none']['ms'])})")
+    print(f"floor: ms a tick (median of {s['rounds']} rounds)")
     print(f"{'sequences':>9}  " + "  ".join(f"{f:>16}" for f in FORMS))
     for n, forms in s["levels"].items():
         cells = [f"{forms[f]['ms_p50']:7.3f} ({forms[f]['tok_s']:6.0f}/s)" for f in FORMS]

@@ -2,8 +2,8 @@
 inside the decode graph, read from llama.cpp's buffers into arrays the sampler draws from.
 
 llama.cpp keeps them in one buffer, an output row every ``n_vocab`` entries, outputs in batch
-order. From ``BULK_ROWS`` rows on they are read as one numpy gather (at 64 rows 34 us against
-181 us for five ctypes calls a row, on the 2-core CPU), when the first and last rows'
+order. From ``BULK_ROWS`` rows on they are read as one numpy gather (16 rows 11-12 us against
+32 us for five ctypes calls a row, on the 2-core CPU), when the first and last rows'
 pointers and counts say the layout is that one; fewer rows are read row by row.
 """
 
@@ -16,9 +16,10 @@ import numpy as np
 
 from uma_serve.core.runtime.gil import held, memmove
 
-# rows from which candidates are read as one gather: row by row costs ~3 us a row, the
-# gather ~30 us (its pointer checks), measured on a 2-core CPU
-BULK_ROWS = 12
+# rows from which candidates are read as one gather: row by row costs ~2 us a row, the
+# gather ~11 us (its pointer checks; 3 / 4 / 5 / 6 / 8 rows 10.3 / 10.4 / 10.5 / 10.8 / 10.9 us
+# against 8.5 / 10.3 / 12.2 / 13.7 / 17.5 row by row, measured on a 2-core CPU)
+BULK_ROWS = 5
 _I32P, _F32P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
 # read after the tick's synchronize: they return at once, so they keep the GIL (gil.py)
 # and return addresses as ints: a pointer object and its cast cost ~1.5 us each
