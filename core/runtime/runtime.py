@@ -121,6 +121,7 @@ class Runtime(KvMemory):
         self._eog: dict[int, bool] = {}
         self._shadow_lag = self._shadow_lag_for(params)
         self._shadowed = [0] * self._n_ids  # positions [0, n) of each id carry its shadow
+        self._clean: set[int] = set()  # none known empty until cleared (kv_memory.py)
         self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
         self.first_chars: FirstChars | None = None  # a grammar's table (grammar.py)
         log.info(
@@ -247,7 +248,7 @@ class Runtime(KvMemory):
         rows of its tokens are consecutive).
         """
         self._landed()
-        rows, padded = self._batch.fill(spans)
+        rows, padded = self._fill(spans)
         self._land(ll.llama_decode(self.ctx, self._batch.batch), spans, padded)
         return self._rc, rows
 
@@ -259,10 +260,14 @@ class Runtime(KvMemory):
         if self._launcher is None or not on_thread:
             return self.decode(spans)[1]
         self._landed()
-        rows, padded = self._batch.fill(spans)
+        rows, padded = self._fill(spans)
         self._launcher.start(self.ctx, self._batch.batch)
         self._pending = spans, padded
         return rows
+
+    def _fill(self, spans: list[Span]) -> tuple[list[int], bool]:
+        self._clean.difference_update([span.seq_id for span in spans])  # they will hold cells
+        return self._batch.fill(spans)
 
     def _land(self, rc: int, spans: list[Span], padded: bool) -> None:
         """What follows a llama_decode's return: the pad's cell dropped, shadows tagged."""
