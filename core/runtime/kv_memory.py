@@ -6,8 +6,9 @@ Each of llama.cpp's operations on a sequence's cells is a pass over every cell o
 in each of its caches (a Gemma 3 context keeps two): 138 us for a clear at 32k cells on the
 2-core CPU, about twice that on an H100's host, the engine thread's time whatever the id holds.
 So a clear skips the passes over an id known to hold nothing: one cleared since it was last
-written (``_clean``), a shadow never tagged since its last clear (``_shadowed`` 0). A request
-then costs two passes less at admission (its id was cleared when its last holder ended).
+written (``_clean``), a shadow never tagged since its last clear (``_shadowed`` 0); and a copy
+of fewer positions than the shadow's lag leaves the shadow untagged. A short request then costs
+three passes of eight: its reply's copy into the cache, its id's clear and, later, the entry's.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class KvMemory:
     params: RuntimeParams
     _n_ids: int
     _shadowed: list[int]
+    _shadow_lag: int  # untagged positions a sequence may have (runtime.py)
     _clean: set[int]  # ids that hold no cell: cleared, and not written since
     _pending: Any  # a decode on the launch thread, not yet returned (runtime.py)
 
@@ -74,7 +76,9 @@ class KvMemory:
         the same cells with one more sequence id: no copy, no compute."""
         self._clean.discard(dst)
         ll.llama_memory_seq_cp(self.memory, src, dst, 0, n)
-        if self.params.shadow:
+        # fewer untagged positions than the lag is any sequence's state between two tags:
+        # a stored short reply's shadow then costs no pass, nor does its eviction's clear
+        if self.params.shadow and n >= self._shadow_lag:
             ll.llama_memory_seq_cp(self.memory, src, dst + self._n_ids, 0, n)
             self._shadowed[dst] = max(self._shadowed[dst], n)
 

@@ -65,3 +65,29 @@ def test_clear_frees_an_id_and_its_shadow_in_both_caches() -> None:
         assert len(rt.seq_state(0)) == empty
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("n", [200, 600])
+def test_a_copy_shorter_than_the_lag_needs_no_shadow(n: int) -> None:
+    """A copy into another id (a finished reply stored in the prefix cache) tags the shadow
+    only from the shadow's lag (256 positions) on: fewer positions never leave the copy's
+    window, so the slot search cannot take them. Laid out as ``_recycle``: sequence 3's 150
+    cells freed, sequence 0's ``n`` next copied to id 2 and cleared, then sequence 1 asks for
+    300 cells; id 2 keeps every position (600 without its shadow would lose its first 89)."""
+    params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=True)
+    rt = Runtime(params)
+    try:
+        tokens = rt.tokenize(TEXT)
+        assert rt.decode([Span(3, 0, tokens[:150], False)])[0] == 0
+        pos = 0
+        for size in (512, n - 512) if n > 512 else (n,):
+            assert rt.decode([Span(0, pos, tokens[pos : pos + size], False)])[0] == 0
+            pos += size
+        rt.seq_clear(3)
+        rt.seq_copy(0, 2, n)
+        rt.seq_clear(0)
+        assert rt.decode([Span(1, 0, tokens[:300], True)])[0] == 0
+        assert rt.seq_pos_min(2) == 0 and rt.seq_pos_max(2) == n - 1
+        assert (rt._shadowed[2] > 0) == (n >= rt._shadow_lag)  # the short copy saved a pass
+    finally:
+        rt.close()
