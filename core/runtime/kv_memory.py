@@ -4,11 +4,12 @@ sliding-window layers' cells a prefix reuse needs: core/runtime/runtime.py).
 
 Each of llama.cpp's operations on a sequence's cells is a pass over every cell of the context,
 in each of its caches (a Gemma 3 context keeps two): 138 us for a clear at 32k cells on the
-2-core CPU, about twice that on an H100's host, the engine thread's time whatever the id holds.
+2-core CPU, the engine thread's time whatever the id holds.
 So a clear skips the passes over an id known to hold nothing: one cleared since it was last
 written (``_clean``), a shadow never tagged since its last clear (``_shadowed`` 0); and a copy
 of fewer positions than the shadow's lag leaves the shadow untagged. A short request then costs
-three passes of eight: its reply's copy into the cache, its id's clear and, later, the entry's.
+three passes of eight (its reply's copy into the cache, its id's clear and, later, the entry's):
+259-278 us against 667-711 us at 32k cells on the 2-core CPU.
 """
 
 from __future__ import annotations

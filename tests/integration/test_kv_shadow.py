@@ -91,3 +91,29 @@ def test_a_copy_shorter_than_the_lag_needs_no_shadow(n: int) -> None:
         assert (rt._shadowed[2] > 0) == (n >= rt._shadow_lag)  # the short copy saved a pass
     finally:
         rt.close()
+
+
+def test_a_conversations_next_turn_on_a_short_cached_turn_keeps_its_cells() -> None:
+    """A conversation's shape: its first turn (100 positions) is stored without a shadow,
+    the next turn reuses it, the entry is then evicted and the turn runs past the window.
+    Its shadow tags start at position 0 (a copy without a shadow tags nothing), so when
+    another sequence asks for cells the turn keeps every position."""
+    params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=True)
+    rt = Runtime(params)
+    try:
+        tokens = rt.tokenize(TEXT)
+        assert rt.decode([Span(3, 0, tokens[:150], False)])[0] == 0
+        assert rt.decode([Span(0, 0, tokens[:100], True)])[0] == 0  # the first turn
+        rt.seq_copy(0, 2, 100)  # stored in the cache: shorter than the lag, no shadow
+        rt.seq_clear(0)
+        rt.seq_copy(2, 1, 99)  # the next turn reuses it
+        rt.seq_clear(2)  # the entry evicted: the turn alone holds those cells
+        pos = 99
+        for n in (512, 188):  # past Gemma 3's 512-position window
+            assert rt.decode([Span(1, pos, tokens[pos : pos + n], True)])[0] == 0
+            pos += n
+        rt.seq_clear(3)
+        assert rt.decode([Span(3, 0, tokens[:300], True)])[0] == 0
+        assert rt.seq_pos_min(1) == 0 and rt.seq_pos_max(1) == pos - 1
+    finally:
+        rt.close()
