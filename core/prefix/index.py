@@ -30,7 +30,7 @@ out before its second came (a busy server) then misses once, not at every turn.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 BLOCK = 32  # tokens per hashed block
@@ -96,6 +96,9 @@ class PrefixIndex:
         self.budget = budget_tokens
         self.entries: dict[int, Entry] = {}
         self._by_hash: dict[int, set[int]] = {}
+        # entries by their first token: those a prompt shares anything with when it shares no
+        # whole block (a lookup and a store then compare a few entries, not all of them)
+        self._by_first: dict[int, set[int]] = {}
         self._ghosts: dict[int, None] = {}  # evicted never-reused entries' hashes, oldest first
         self._clock = 0
 
@@ -104,18 +107,16 @@ class PrefixIndex:
     @property
     def resident_tokens(self) -> int:
         """KV cells held only by the cache (cells shared with a resident parent counted once)."""
-        return sum(
-            len(e) - (e.shared if e.parent in self.entries else 0) for e in self.entries.values()
-        )
+        return self._sizes()[0]
 
     def lookup(
         self, tokens: Sequence[int], hashes: list[int] | None = None
     ) -> tuple[Entry | None, int]:
         """The entry with the longest common prefix with ``tokens``, and that length
         (``hashes``: the tokens' block_hashes, when the caller has them already)."""
-        if not self.entries:
+        if not self.entries or not tokens:
             return None, 0
-        candidates: set[int] = set(self.entries)
+        candidates: Collection[int] = self._by_first.get(tokens[0], ())
         depth = 0
         for h in block_hashes(tokens) if hashes is None else hashes:
             hit = self._by_hash.get(h)
@@ -154,11 +155,18 @@ class PrefixIndex:
     @property
     def one_shot_tokens(self) -> int:
         """Cells held by entries never reused."""
-        return sum(
-            len(e) - (e.shared if e.parent in self.entries else 0)
-            for e in self.entries.values()
-            if e.hits == 0 and not e.pinned
-        )
+        return self._sizes()[1]
+
+    def _sizes(self) -> tuple[int, int]:
+        """Cells the cache holds (shared with a resident parent counted once), and those of
+        them that entries never reused hold: one pass for both."""
+        resident = one_shot = 0
+        for e in self.entries.values():
+            own = len(e.tokens) - (e.shared if e.parent in self.entries else 0)
+            resident += own
+            if e.hits == 0 and not e.pinned:
+                one_shot += own
+        return resident, one_shot
 
     def plan_store(
         self,
@@ -185,7 +193,7 @@ class PrefixIndex:
         hashes = block_hashes(tokens)
         hits = self._reuse_count(parent, shared, hashes)
         # entries that are prefixes of the new one are superseded by it
-        for e in list(self.entries.values()):
+        for e in [self.entries[i] for i in self._by_first.get(tokens[0], ())]:
             if e.pinned:
                 continue
             if len(e) <= len(tokens) and e.tokens == tokens[: len(e)]:
@@ -204,10 +212,7 @@ class PrefixIndex:
         entry.hits, entry.bulk = hits, bulk
         if entry.parent is None:
             entry.shared = 0
-        self.touch(entry)
-        self.entries[entry.cache_id] = entry
-        for h in entry.hashes:
-            self._by_hash.setdefault(h, set()).add(entry.cache_id)
+        self._add(entry)
         return StorePlan(entry, evict)
 
     def _make_room(
@@ -219,9 +224,11 @@ class PrefixIndex:
 
         def over() -> bool:
             own = n - shared
-            if not self.free_ids or self.resident_tokens + own > self.budget:
+            if not self.free_ids:
                 return True
-            one_shot = self.one_shot_tokens  # > 0: the next victim is one of them
+            resident, one_shot = self._sizes()  # one_shot > 0: the next victim is one of them
+            if resident + own > self.budget:
+                return True
             return one_shot_room is not None and one_shot > 0 and one_shot + own > one_shot_room
 
         while self._evictable() and over():
@@ -244,11 +251,15 @@ class PrefixIndex:
         if not self.free_ids:
             return None
         entry = Entry(self.free_ids.pop(), list(tokens), block_hashes(tokens), 0, pinned=True)
+        self._add(entry)
+        return entry
+
+    def _add(self, entry: Entry) -> None:
         self.touch(entry)
         self.entries[entry.cache_id] = entry
         for h in entry.hashes:
             self._by_hash.setdefault(h, set()).add(entry.cache_id)
-        return entry
+        self._by_first.setdefault(entry.tokens[0], set()).add(entry.cache_id)
 
     def _evictable(self) -> list[Entry]:
         return [e for e in self.entries.values() if not e.pinned]
@@ -278,8 +289,8 @@ class PrefixIndex:
             for h in e.hashes:
                 self._ghosts.pop(h, None)
                 self._ghosts[h] = None
-            for h in list(self._ghosts)[: max(len(self._ghosts) - GHOST_BLOCKS, 0)]:
-                del self._ghosts[h]
+            while len(self._ghosts) > GHOST_BLOCKS:  # the oldest go (a dict keeps its order)
+                del self._ghosts[next(iter(self._ghosts))]
         return self._remove(e.cache_id)
 
     def _ghost_blocks(self, hashes: list[int]) -> int:
@@ -293,12 +304,13 @@ class PrefixIndex:
 
     def _remove(self, cache_id: int) -> int:
         e = self.entries.pop(cache_id)
-        for h in e.hashes:
-            ids = self._by_hash.get(h)
-            if ids is not None:
-                ids.discard(cache_id)
-                if not ids:
-                    del self._by_hash[h]
+        for index, keys in ((self._by_hash, e.hashes), (self._by_first, e.tokens[:1])):
+            for key in keys:
+                ids = index.get(key)
+                if ids is not None:
+                    ids.discard(cache_id)
+                    if not ids:
+                        del index[key]
         for child in self.entries.values():  # children now share only what e shared upstream
             if child.parent == cache_id:
                 child.parent = e.parent

@@ -127,10 +127,14 @@ class PrefixStore:
     def _running_source(
         self, seq: Prompted, running: Iterable[Prompted]
     ) -> tuple[Prompted | None, int]:
-        """The running sequence whose computed KV covers the longest prefix of the prompt."""
+        """The running sequence whose computed KV covers the longest prefix of the prompt
+        (one that shares at least a block with it: a source is worth a copy)."""
         best, best_n = None, 0
+        if not seq.prompt_hashes:
+            return best, best_n
+        first = seq.prompt_hashes[0]
         for other in running:
-            if self.shared_blocks(seq, other) == 0:  # the hashes rule most out cheaply
+            if not other.prompt_hashes or other.prompt_hashes[0] != first:  # rules most out
                 continue
             # compared token by token from the start: a hash collision cannot pass
             n = min(common_prefix(other.prompt, seq.prompt), other.n_past, len(seq.prompt) - 1)
