@@ -54,7 +54,30 @@ def draw(
     greedy takes the row's largest logit (the lowest id on a tie); the others go through
     top-k -> top-p -> min-p -> temperature and one draw from their own RNG over the row
     sorted by logit, so a token depends on the row alone, not on its order or neighbours.
-    ``by_id``: whole rows in id order, with no top-k or top-p to apply: drawn unsorted."""
+    ``by_id``: whole rows in id order, with no top-k or top-p to apply: drawn unsorted.
+
+    A NaN logit (a model whose arithmetic overflowed) has no order: a row that holds one is
+    drawn again with its NaNs as -inf (its RNG's next draw), so the token is one of the row's
+    candidates, never padding (an id outside the vocabulary aborts llama.cpp at its first
+    use), and never a NaN's while the row holds a number."""
+    tokens = _draw(states, ids, logits, rest, by_id)
+    if NO_ID in tokens:  # a Python scan of a short list: the usual tick pays no numpy call
+        bad = np.array([i for i, token in enumerate(tokens) if token == NO_ID])
+        clean = np.where(np.isnan(logits[bad]), np.float32(-np.inf), logits[bad])
+        again = _draw([states[i] for i in bad], ids[bad], clean,
+                      None if rest is None else rest[bad], by_id)  # fmt: skip
+        for i, token in zip(bad.tolist(), again, strict=True):
+            tokens[i] = token
+    return tokens
+
+
+def _draw(
+    states: list[Chain],
+    ids: np.ndarray,
+    logits: np.ndarray,
+    rest: np.ndarray | None,
+    by_id: bool,
+) -> list[int]:
     greedy = [s.chain[3] <= 0.0 for s in states]  # temperature 0
     if all(greedy):
         return _argmax(ids, logits).tolist()
@@ -99,7 +122,8 @@ def _sample(
     cand = logits.astype(np.float64)
     keep_k = col < top_k  # top-k (0 or none: the whole row)
     # ufuncs' own reduce and accumulate: ndarray.max, .sum and np.cumsum add Python layers
-    cand -= np.maximum.reduce(cand, axis=1, keepdims=True)  # the row's peak is 0
+    peak = np.maximum.reduce(cand, axis=1, keepdims=True)
+    cand -= peak  # the row's peak is 0
     keep = keep_k & (cand >= log_min_p)  # min-p: p >= min_p * p_max
     if nucleus:  # the first prefix of the top-k holding top_p of its mass
         mass = np.add.accumulate(np.exp(cand) * keep_k, axis=1)
@@ -111,7 +135,11 @@ def _sample(
     pick = np.add.reduce(cw <= u, axis=1)
     if np.maximum.reduce(pick) >= width:  # u rounded up to the total: the last kept token
         pick = np.minimum(pick, width - 1 - np.argmax(w[:, ::-1] > 0, axis=1))
-    return ids.ravel()[pick + starts[:, 0]]
+    tokens = ids.ravel()[pick + starts[:, 0]]
+    nan = [r for r, x in enumerate(peak.ravel().tolist()) if x != x]
+    if nan:  # a NaN logit: ``draw`` draws the row again, the NaN as -inf
+        tokens[nan] = NO_ID
+    return tokens
 
 
 def _columns(states: list[Chain]) -> tuple[Any, Any, Any, Any, bool]:
@@ -130,6 +158,9 @@ def _sample_row(state: Chain, ids: np.ndarray, logits: np.ndarray, rest: float) 
     calls (11 against 25 us on the 2-core CPU), the same token."""
     top_k, log_min_p, top_p, temperature = state.chain
     order = (-logits).argsort(kind="stable")  # by logit, ties in column order
+    if logits[order[-1]] != logits[order[-1]]:  # a NaN sorts last: ``draw`` draws again
+        state.uniform()  # the draw ``_sample`` takes for the row before it flags it
+        return NO_ID
     cand = logits[order[: min(top_k, len(order))]].astype(np.float64)
     cand -= cand[0]
     n = int(np.count_nonzero(cand >= log_min_p))

@@ -245,3 +245,51 @@ def test_a_sequences_draws_are_its_rngs_stream_across_refills() -> None:
     reference = np.random.Generator(np.random.PCG64(42))
     n = 3 * UNIFORM_BATCH + 5
     assert [state.uniform() for _ in range(n)] == [reference.random() for _ in range(n)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 20])  # one by one, batched, a large tick's sort
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_nan_logit_is_never_drawn_and_its_row_draws_as_alone(
+    rows: int, temperature: float
+) -> None:
+    """A NaN logit (a model whose arithmetic overflowed) counts as -inf: the token is one of
+    the row's candidates (an id outside the vocabulary would abort llama.cpp, and the
+    daemon with it), never the NaN's while the row holds a number; each row draws as alone,
+    its RNG stream kept (a second draw agrees too)."""
+    rng = np.random.default_rng(rows)
+    ids, logits = _rows(rng, rows)
+    top = logits.argmax(axis=1)
+    logits[0, top[0]] = np.nan  # the row's best is a NaN
+    if rows > 1:
+        logits[1, :] = np.nan  # no number at all
+    params = only(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+    together = [SamplerState(params, 0) for _ in range(rows)]
+    alone = [SamplerState(params, 0) for _ in range(rows)]
+    for _ in range(2):
+        with np.errstate(invalid="ignore"):
+            got = draw(together, ids, logits)
+            want = [draw([alone[i]], ids[i : i + 1], logits[i : i + 1])[0] for i in range(rows)]
+        assert got == want
+        for i, token in enumerate(got):
+            assert token in ids[i]
+        assert got[0] != ids[0, top[0]]
+        if temperature == 0.0:
+            numbers = np.where(np.isnan(logits[0]), -np.inf, logits[0])
+            assert got[0] == ids[0, numbers.argmax()]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_padded_host_row_of_nans_gives_one_of_its_candidates(temperature: float) -> None:
+    """Host rows of different widths are padded (id NO_ID, logit -inf): a row whose logits
+    are all NaN still gives one of its own ids, not the padding's."""
+    params = only(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+    rows = [
+        Candidates(np.arange(5), np.full(5, np.nan, dtype=np.float32)),
+        Candidates(np.arange(10, 40), np.linspace(-1, 1, 30, dtype=np.float32)),
+        Candidates(np.arange(100, 103), np.array([1.0, np.nan, 2.0], dtype=np.float32)),
+    ]
+    with np.errstate(invalid="ignore"):
+        tokens = draw([SamplerState(params, 0) for _ in rows], *stack(rows))
+    for token, row in zip(tokens, rows, strict=True):
+        assert token in row.ids
+    assert tokens[2] != 101
