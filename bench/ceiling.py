@@ -3,8 +3,9 @@ no sampling) and llama-server, at the same concurrency levels, model and shape.
 
 The ceiling is `llama-batched-bench`'s generation throughput (S_TG: B streams x TG tokens over
 the generation time), built from the same llama.cpp sources as the peers. UMA Serve and
-llama-server are driven from outside, as `sweep` does (plain streaming requests, greedy, TG
-tokens each); their figure is aggregate output tokens/s. The report is UMA / ceiling and
+llama-server are driven from outside, as `sweep` does (plain streaming requests of TG tokens,
+sampled as every scenario's are: T = 0.8, or greedy with UMA_BENCH_TEMPERATURE=0); their
+figure is aggregate output tokens/s. The report is UMA / ceiling and
 UMA / llama-server per level.
 
 A server's figure counts the time its prompts take; S_TG does not. So the ceiling is also
