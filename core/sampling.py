@@ -105,6 +105,8 @@ class SamplerState:
         prm = self.p
         if prm.temperature <= 0.0:
             best = np.argmax(row, keepdims=True)  # the first maximum: the lowest id on a tie
+            if row[best[0]] != row[best[0]]:  # a NaN, which argmax takes for the maximum
+                best = np.argmax(np.where(np.isnan(row), -np.inf, row), keepdims=True)
             return Candidates(best, row[best])
         peak = float(row.max())
         if 0 < prm.top_k < row.shape[0]:

@@ -293,3 +293,15 @@ def test_a_padded_host_row_of_nans_gives_one_of_its_candidates(temperature: floa
     for token, row in zip(tokens, rows, strict=True):
         assert token in row.ids
     assert tokens[2] != 101
+
+
+def test_a_greedy_host_row_with_a_nan_takes_its_largest_number() -> None:
+    """numpy's argmax takes a NaN for the maximum: a whole row cut for a greedy request
+    gives its largest number instead (and a row of NaNs its first token)."""
+    row = np.random.default_rng(5).standard_normal(1000).astype(np.float32)
+    best = int(row.argmax())
+    row[best] = np.nan
+    with np.errstate(invalid="ignore"):
+        token = _host(SamplerState(only(temperature=0.0), 0), row.copy())
+        assert token == int(np.where(np.isnan(row), -np.inf, row).argmax())
+        assert _host(SamplerState(only(temperature=0.0), 0), np.full(1000, np.nan, np.float32)) == 0
