@@ -80,7 +80,12 @@ class AsyncUmaClient:
         reason = CoreError(p.E_IO, "connection to the core closed")
         try:
             while True:
-                event = p.decode_event(await p.read_frame(self._reader, 1 << 30))
+                payload = await p.read_frame(self._reader, 1 << 30)
+                try:
+                    event = p.decode_event(payload)
+                except msgspec.DecodeError as exc:
+                    self._fail_request(payload, exc)
+                    continue
                 if isinstance(event, p.InfoEvent):
                     self.max_frame_bytes = event.max_frame_bytes
                 queue = self._queues.get(event.id) if event.id is not None else None
@@ -90,12 +95,27 @@ class AsyncUmaClient:
                     reason = CoreError(event.code, event.message)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
-        except Exception as exc:  # a frame we cannot decode: the stream is unusable
+        except Exception as exc:  # a frame no request can be told from: the stream is unusable
             reason = CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}")
         finally:
             self.closed = True
             for queue in self._queues.values():
                 queue.put_nowait(reason)
+
+    def _fail_request(self, payload: bytes, exc: msgspec.DecodeError) -> None:
+        """An event the client cannot decode ends its own request, cancelled in the core, not
+        the connection and every request on it: frames are length-prefixed, so the next one
+        reads as it should. A frame whose request cannot be told re-raises ``exc``."""
+        try:
+            rid = msgspec.json.decode(payload).get("id")
+        except (msgspec.DecodeError, AttributeError):
+            raise exc from None
+        if not isinstance(rid, str):
+            raise exc
+        queue = self._queues.get(rid)
+        if queue is not None:  # else its request has ended: the event is dropped
+            queue.put_nowait(CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}"))
+            self._writer.write(p.encode(p.Cancel(id=rid)))
 
     def _frame(self, msg: Any) -> bytes:
         """``msg`` framed, or CoreError(E_TOO_BIG) for a frame over the core's limit: that

@@ -64,8 +64,9 @@ def draw(
     if NO_ID in tokens:  # a Python scan of a short list: the usual tick pays no numpy call
         bad = np.array([i for i, token in enumerate(tokens) if token == NO_ID])
         clean = np.where(np.isnan(logits[bad]), np.float32(-np.inf), logits[bad])
-        again = _draw([states[i] for i in bad], ids[bad], clean,
-                      None if rest is None else rest[bad], by_id)  # fmt: skip
+        with np.errstate(invalid="ignore"):  # a row of only -inf: its maths meets inf - inf
+            again = _draw([states[i] for i in bad], ids[bad], clean,
+                          None if rest is None else rest[bad], by_id)  # fmt: skip
         for i, token in zip(bad.tolist(), again, strict=True):
             tokens[i] = token
     return tokens

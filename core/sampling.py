@@ -33,6 +33,10 @@ from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
 UNIFORM_BATCH = 64  # a sequence's random draws made at once (core/draw.py takes one a token)
+# an impossible token's logprob, as OpenAI and vLLM give it (JSON has no -inf), and a NaN
+# row's (a model whose arithmetic overflowed): a NaN would go out as null, which no client
+# decodes as a float
+LOGPROB_FLOOR = -9999.0
 
 
 class SamplerState:
@@ -175,8 +179,12 @@ def logprobs_of(raw: np.ndarray, token: int, k: int, piece: Callable[[int], byte
     if k > 0:
         ids = top_k_ids(raw, k, peak)
         ids = ids[np.argsort(-raw[ids], kind="stable")]
-        top = [p.TokenLogprob(int(i), float(raw[i]) - lse, piece(int(i))) for i in ids]
-    return p.Logprobs(p.TokenLogprob(token, float(raw[token]) - lse, piece(token)), top)
+        top = [p.TokenLogprob(int(i), _floored(float(raw[i]) - lse), piece(int(i))) for i in ids]
+    return p.Logprobs(p.TokenLogprob(token, _floored(float(raw[token]) - lse), piece(token)), top)
+
+
+def _floored(logprob: float) -> float:
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # -inf and NaN: the floor
 
 
 class Row(NamedTuple):

@@ -12,7 +12,9 @@ import gguf
 import numpy as np
 import pytest
 
+from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
+from uma_serve.core.sampling import LOGPROB_FLOOR
 
 from .helpers import Daemon, gen, start_daemon
 
@@ -39,3 +41,17 @@ def test_nan_logits_give_tokens_and_the_daemon_serves_on(nan_model_daemon: Daemo
             assert done.reason == "length" and done.usage.completion_tokens == 5
     assert nan_model_daemon.proc.poll() is None
     assert "Traceback" not in nan_model_daemon.log()
+    assert "Warning" not in nan_model_daemon.log()  # numpy's inf - inf, once per process
+
+
+def test_nan_logits_report_the_logprob_floor(nan_model_daemon: Daemon) -> None:
+    """A NaN logprob would go out as JSON null, which no client decodes as a float (the
+    client's connection then failed at that event): it is the floor, -9999.0, as OpenAI's."""
+    with nan_model_daemon.client() as c:
+        events = list(c.stream(gen("Once upon a time", max_tokens=3, ignore_eos=True, logprobs=2)))
+    tokens = [e for e in events if isinstance(e, p.TokenEvent)]
+    assert len(tokens) == 3
+    for event in tokens:
+        assert event.logprobs is not None and len(event.logprobs.top) == 2
+        assert event.logprobs.token.logprob == LOGPROB_FLOOR
+        assert [t.logprob for t in event.logprobs.top] == [LOGPROB_FLOOR] * 2
