@@ -115,7 +115,8 @@ class AsyncUmaClient:
         queue = self._queues.get(rid)
         if queue is not None:  # else its request has ended: the event is dropped
             queue.put_nowait(CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}"))
-            self._writer.write(p.encode(p.Cancel(id=rid)))
+            with contextlib.suppress(Exception):  # a closing connection: nothing to cancel
+                self._writer.write(p.encode(p.Cancel(id=rid)))
 
     def _frame(self, msg: Any) -> bytes:
         """``msg`` framed, or CoreError(E_TOO_BIG) for a frame over the core's limit: that
