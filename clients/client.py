@@ -43,6 +43,10 @@ class CoreError(Exception):
         self.message = message
 
 
+def _undecodable(exc: Exception) -> CoreError:
+    return CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}")
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -96,7 +100,7 @@ class AsyncUmaClient:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except Exception as exc:  # a frame no request can be told from: the stream is unusable
-            reason = CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}")
+            reason = _undecodable(exc)
         finally:
             self.closed = True
             for queue in self._queues.values():
@@ -114,7 +118,7 @@ class AsyncUmaClient:
             raise exc
         queue = self._queues.get(rid)
         if queue is not None:  # else its request has ended: the event is dropped
-            queue.put_nowait(CoreError(E_BAD_REPLY, f"undecodable event from the core: {exc}"))
+            queue.put_nowait(_undecodable(exc))
             with contextlib.suppress(Exception):  # a closing connection: nothing to cancel
                 self._writer.write(p.encode(p.Cancel(id=rid)))
 

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from uma_serve.core import protocol as p
-from uma_serve.core.draw import Candidates, draw, stack
+from uma_serve.core.draw import Candidates, draw, nan_as_lowest, stack
 from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
@@ -110,7 +110,7 @@ class SamplerState:
         if prm.temperature <= 0.0:
             best = np.argmax(row, keepdims=True)  # the first maximum: the lowest id on a tie
             if row[best[0]] != row[best[0]]:  # a NaN, which argmax takes for the maximum
-                best = np.argmax(np.where(np.isnan(row), -np.inf, row), keepdims=True)
+                best = np.argmax(nan_as_lowest(row), keepdims=True)
             return Candidates(best, row[best])
         peak = float(row.max())
         if 0 < prm.top_k < row.shape[0]:
