@@ -21,6 +21,7 @@ from uma_serve.core.engine import Engine
 from uma_serve.core.faults import Faults
 from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy import Constraints, ModelFacts
+from uma_serve.core.policy.cost import GPU_PRIOR, TickCost
 from uma_serve.core.policy.pipeline import build_policy, option_overrides
 from uma_serve.core.runtime import Runtime, RuntimeParams, gpu_offload
 from uma_serve.core.runtime.grammar import FirstChars
@@ -138,7 +139,7 @@ def context_share(params: RuntimeParams, n: int, i: int) -> RuntimeParams:
     )
 
 
-def constraints(config: cfg.Config, facts: ModelFacts) -> Constraints:
+def constraints(config: cfg.Config, facts: ModelFacts, on_gpu: bool = False) -> Constraints:
     """What every part of the policy plans within (a transformer's own knobs are its
     settings: core/policy/pipeline.py)."""
     return Constraints(
@@ -151,6 +152,7 @@ def constraints(config: cfg.Config, facts: ModelFacts) -> Constraints:
         model=facts,
         spec_max_draft=config.spec_draft,
         spec_max_streams=config.spec_max_streams,
+        tick_prior=GPU_PRIOR if on_gpu else TickCost(),
     )
 
 
@@ -187,7 +189,7 @@ def build(config: cfg.Config) -> tuple[Runtime, Engine, CoreServer]:
     engine = Engine(
         [faults.wrap(rt) for rt in runtimes],
         [build_policy(names, dataclasses.asdict(config)) for _ in runtimes],
-        constraints(config, runtime.info.facts()),
+        constraints(config, runtime.info.facts(), on_gpu),
         sink=lambda batch: holder["server"].sink(batch),
         metrics=EngineMetrics(),
         seed=config.seed,

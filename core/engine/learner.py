@@ -48,8 +48,10 @@ class TickLearner:
     ) -> None:
         self.constraints = constraints
         self._transformers = list(transformers)
-        self.stats = EngineStats(states=tuple(t.initial(constraints) for t in transformers))
-        self._model = OnlineTickModel()
+        self._model = OnlineTickModel(constraints.tick_prior)
+        self.stats = EngineStats(
+            self._model.cost, states=tuple(t.initial(constraints) for t in transformers)
+        )
         # (start, decode ms, launch-to-device-done ms) of the last tick
         self._prev_tick: tuple[float, float, float] | None = None
         self._overhead_ms = 0.0

@@ -27,8 +27,7 @@ class OnlineTickModel:
     typical for its kind (a preempted tick, a page-fault storm), is left out, unless such ticks
     keep coming (the machine changed). The first ``warmup`` ticks of a context are not learned
     from (graph capture, first touch of the weights); until ``min_samples`` more are seen the
-    prior stands. The prior is CPU-sized; on a GPU, whose ticks are ten times shorter, the fit
-    replaces it within a few ticks.
+    prior stands: the constraints' ``tick_prior`` (CPU-sized, or cost.py's GPU_PRIOR on a GPU).
     """
 
     def __init__(

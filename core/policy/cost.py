@@ -55,3 +55,12 @@ class TickCost(msgspec.Struct, frozen=True):
         """The step costs more than ``min_tokens`` prompt tokens: small prefill chunks are
         mostly step, so prefill should come in few large chunks (a GPU), not many small ones."""
         return self.e > min_tokens * max(self.c, 1e-3)
+
+
+# What a context's model starts from until it has measured its own ticks (core/engine/
+# tickmodel.py). TickCost() is CPU-sized; on a GPU it says a prompt token costs 3 ms, so the
+# guard let two chat turns' prompts into a tick while others decode, and a burst of 16 chat
+# turns on an H100 was prefilled over 11 ticks (Gemma-3-4B's shape, the first 180 ms of a
+# fresh server); their streams then stayed staggered, each later turn a prompt tick of its own.
+# This is Gemma 3 270M's fit on an H100 (docs/POLICY.md).
+GPU_PRIOR = TickCost(a=1.1, b=0.3, c=0.016, d=0.05, e=3.5)

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import msgspec
 
-from uma_serve.core.policy.cost import TickShape
+from uma_serve.core.policy.cost import TickCost, TickShape
 
 N = TypeVar("N")
 
@@ -66,6 +66,9 @@ class Constraints(msgspec.Struct, frozen=True):
     # the drafts the engine proposes (core/spec/): none when spec_max_draft is 0
     spec_max_draft: int = 0  # drafted tokens per stream per tick at most
     spec_max_streams: int = 2  # drafts only while at most this many streams decode
+    # the tick-time model before a context has measured its own ticks (cost.py's GPU_PRIOR
+    # where layers run on a GPU)
+    tick_prior: TickCost = TickCost()
 
 
 class BatchItem(msgspec.Struct, frozen=True):
