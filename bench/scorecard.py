@@ -6,7 +6,9 @@ p50/p95/p99 of TTFT, inter-token latency and tick time (``llama_decode`` launch 
 done), of each tick's sampling, tokens per tick, and the engine's *idle share*: the part of
 its busy wall time outside launch-to-device-done (host work the device waits for: sampling,
 detokenizing, scheduling, events). On a GPU that share is the device's idle time, the figure
-host work must drive down; without a GPU it is the engine's own overhead.
+host work must drive down; without a GPU it is the engine's own overhead. And the share of
+ticks whose decode graph was built anew (a GPU then runs it, and the tick after, without
+replaying a captured CUDA graph).
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ HISTOGRAMS = {
     "tick": "uma_tick_decode_seconds",
     "sample": "uma_tick_sample_seconds",
 }
-COUNTERS = ("uma_batch_calls_total", "uma_generation_tokens_total", "uma_prompt_tokens_total")
+COUNTERS = (
+    "uma_batch_calls_total",
+    "uma_generation_tokens_total",
+    "uma_prompt_tokens_total",
+    "uma_decode_graph_rebuilds_total",
+)
 BUSY, HOST = "uma_engine_busy_seconds_total", "uma_engine_host_seconds_total"
 
 Scrape = dict[str, dict]  # family -> {"buckets": {le: cumulative count}, "sum", "count"} or value
@@ -102,6 +109,8 @@ def card(before: Scrape, after: Scrape) -> dict:
     tokens = [diff(n) for n in ("uma_generation_tokens_total", "uma_prompt_tokens_total")]
     if ticks and None not in tokens:
         out["tokens_per_tick"] = round(sum(t for t in tokens if t) / ticks, 2)
+    if ticks and (rebuilt := diff("uma_decode_graph_rebuilds_total")) is not None:
+        out["graph_rebuild_share"] = round(rebuilt / ticks, 3)
     busy, host = diff(BUSY), diff(HOST)
     if busy and host is not None:
         out["engine_idle_share"] = round(host / busy, 3)

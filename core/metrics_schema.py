@@ -144,6 +144,16 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
             "Engine busy time outside llama_decode and the device wait.",
         ),
     ] = 0.0
+    decode_graph_rebuilds_total: Annotated[
+        int,
+        _m(
+            "ticks whose `llama_decode` built its graph anew (the batch's rows or the KV span "
+            "changed): on a GPU such a tick and the one after it run without a replayed CUDA "
+            "graph, each costing about a tick more (docs/GPU.md)",
+            "uma_decode_graph_rebuilds_total",
+            "Ticks that rebuilt the decode graph.",
+        ),
+    ] = 0
     decode_failures_total: Annotated[
         int,
         _m(

@@ -24,6 +24,7 @@ class Executor:
     def __init__(self, runtime: RuntimeApi, sampler: Sampler) -> None:
         self.runtime = runtime
         self.sampler = sampler
+        self._graph_reuses = runtime.graph_reuses()  # its count at the last collected tick
 
     def launch(self, batch: Batch, on_thread: bool = False) -> Launched:
         """Start the batch's llama_decode (a CPU computes it here, a GPU after it returns;
@@ -39,6 +40,7 @@ class Executor:
         batch, t0 = launched.batch, launched.t0
         rc = self.runtime.synchronize()  # the tick's time includes the device's work
         t1 = time.perf_counter()
+        reuses, self._graph_reuses = self._graph_reuses, self.runtime.graph_reuses()
         ms = (t1 - t0 - overlap_s) * 1e3
         overlap_ms = overlap_s * 1e3
         if rc != 0:
@@ -47,7 +49,8 @@ class Executor:
             return TickResult(rc, t0, ms, classify(rc, freed), overlap_ms=overlap_ms)
         sampled = self._sample(batch, launched.rows)
         sample_ms = (time.perf_counter() - t1) * 1e3
-        return TickResult(rc, t0, ms, None, sampled, sample_ms, overlap_ms)
+        reused = self._graph_reuses > reuses
+        return TickResult(rc, t0, ms, None, sampled, sample_ms, overlap_ms, reused)
 
     def _sample(self, batch: Batch, rows: tuple[int, ...]) -> tuple[Sampled, ...]:
         out = [Sampled()] * len(batch.spans)

@@ -261,6 +261,7 @@ class Scheduler:
             return
         self.learner.record(result.ms, batch.plan, batch.state, self.metrics)
         self.metrics.observe_tick_parts(result.ms, result.sample_ms, result.overlap_ms)
+        self.metrics.decode_graph_rebuilds_total += not result.graph_reused
         if self._max_prefill is not None:  # recover gradually after a failed decode
             doubled = self._max_prefill * 2
             self._max_prefill = doubled if doubled < self.constraints.n_batch else None

@@ -80,3 +80,5 @@ class TickResult(msgspec.Struct, frozen=True):
     sampled: tuple[Sampled, ...] = ()  # aligned with the plan's items (empty on failure)
     sample_ms: float = 0.0  # sampling the rows, after the device was done
     overlap_ms: float = 0.0  # host work done between launch and collect (the device computing)
+    # llama.cpp reused the previous decode's graph (a GPU replays its CUDA graph only then)
+    graph_reused: bool = True

@@ -99,3 +99,13 @@ class DeviceCandidates:
             self._views = key, all_ids, all_logits
         _, all_ids, all_logits = self._views
         return all_ids, all_logits, out
+
+
+def top_k_chain(k: int) -> ll.llama_sampler_p | None:
+    """A sampler chain of one top-k of ``k`` for a sequence's outputs, run inside the decode
+    graph (None for no device top-k)."""
+    if k <= 0:
+        return None
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
+    return chain

@@ -14,7 +14,7 @@ import llama_cpp as ll
 import numpy as np
 
 from uma_serve.core.runtime.batch import DecodeBatch
-from uma_serve.core.runtime.candidates import DeviceCandidates
+from uma_serve.core.runtime.candidates import DeviceCandidates, top_k_chain
 from uma_serve.core.runtime.gil import held
 from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
@@ -29,6 +29,7 @@ WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
 # only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
 STANDARD_SWA = frozenset({"gemma2", "gemma3", "gemma3n", "cohere2"})
 _logits_ith = held(ll.llama_get_logits_ith)  # read after the tick's synchronize (gil.py)
+_perf = held(ll.llama_perf_context)
 
 log = logging.getLogger("uma.runtime")
 
@@ -169,7 +170,7 @@ class Runtime(KvMemory):
         cparams.flash_attn_type = params.flash_attn
         cparams.n_outputs_max_per_seq = params.max_outputs_per_seq
         # attached at creation (one graph reservation for good, not one per request)
-        self._top_k_chains = [self._top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
+        self._top_k_chains = [top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
         if params.device_top_k > 0:
             self._sampler_configs = (ll.llama_sampler_seq_config * params.n_seq)()
             for seq_id, chain in enumerate(self._top_k_chains):
@@ -347,20 +348,18 @@ class Runtime(KvMemory):
         self._tensor_split = (ctypes.c_float * n)(*params.tensor_split)
         mparams.tensor_split = self._tensor_split
 
-    @staticmethod
-    def _top_k_chain(k: int) -> ll.llama_sampler_p | None:
-        if k <= 0:
-            return None
-        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
-        return chain
-
     @landed
     def candidates(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
         unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
         call."""
         return self._candidates.read(self.ctx, rows, self._batch.logits)
+
+    @landed
+    def graph_reuses(self) -> int:
+        """Decodes so far that reused the graph of the one before (llama.cpp's count, kept with
+        ``no_perf`` too): a GPU replays its CUDA graph only in those (docs/GPU.md)."""
+        return int(_perf(self.ctx).n_reused)
 
     @landed
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
@@ -370,7 +369,7 @@ class Runtime(KvMemory):
         means a fresh one."""
         old = self._top_k_chains[seq_id]
         if on:
-            chain = self._top_k_chains[seq_id] = self._top_k_chain(self.params.device_top_k)
+            chain = self._top_k_chains[seq_id] = top_k_chain(self.params.device_top_k)
             ll.llama_set_sampler(self.ctx, seq_id, chain)
         else:
             ll.llama_set_sampler(self.ctx, seq_id, None)

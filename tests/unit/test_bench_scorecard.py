@@ -7,7 +7,9 @@ import pytest
 from uma_serve.bench.scorecard import card, parse, quantile
 
 
-def exposition(ticks: list[float], busy: float, calls: int, tokens: int, host: float = 0) -> str:
+def exposition(
+    ticks: list[float], busy: float, calls: int, tokens: int, host: float = 0, rebuilt: int = 0
+) -> str:
     """Prometheus text as the gateway writes it (prometheus_client's exposition), for a
     histogram of tick times (s)."""
     bounds = [0.001, 0.002, 0.005, float("inf")]
@@ -29,6 +31,8 @@ def exposition(ticks: list[float], busy: float, calls: int, tokens: int, host: f
         f"uma_generation_tokens_total {tokens}",
         "# TYPE uma_prompt_tokens_total counter",
         f"uma_prompt_tokens_total {tokens // 2}",
+        "# TYPE uma_decode_graph_rebuilds_total counter",
+        f"uma_decode_graph_rebuilds_total {rebuilt}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -42,13 +46,16 @@ def test_quantile_interpolates_within_a_bucket() -> None:
 
 
 def test_the_card_counts_only_the_run() -> None:
-    before = parse(exposition([0.004] * 100, busy=1.0, calls=100, tokens=300, host=0.4))
-    # the run: 200 ticks of 1.5 ms in 0.5 s of busy time, 30 tokens a tick
-    after = parse(exposition([0.004] * 100 + [0.0015] * 200, 1.5, 300, 300 + 4000, host=0.6))
+    before = parse(exposition([0.004] * 100, busy=1.0, calls=100, tokens=300, host=0.4, rebuilt=9))
+    # the run: 200 ticks of 1.5 ms in 0.5 s of busy time, 30 tokens a tick, 20 graphs built
+    after = parse(
+        exposition([0.004] * 100 + [0.0015] * 200, 1.5, 300, 300 + 4000, host=0.6, rebuilt=29)
+    )
     c = card(before, after)
     assert c["tick_count"] == 200
     assert 1.0 < c["tick_p50_ms"] <= 2.0 and c["tick_p99_ms"] <= 2.0  # the earlier 4 ms ticks
     assert c["tick_sum_s"] == pytest.approx(0.3)
     assert c["engine_idle_share"] == pytest.approx(0.2 / 0.5)
     assert c["tokens_per_tick"] == pytest.approx((4000 + 2000) / 200)
+    assert c["graph_rebuild_share"] == pytest.approx(20 / 200)
     assert "ttft_p50_ms" not in c  # not in the exposition: left out, not zero

@@ -67,6 +67,9 @@ class FakeRuntime:
     def synchronize(self) -> int:
         return self._rc
 
+    def graph_reuses(self) -> int:  # no graphs: every tick counts as one built anew
+        return 0
+
     # no device top-k, no llama.cpp chains, no prefix cache files here
     def candidates(self, rows):
         raise NotImplementedError

@@ -156,3 +156,31 @@ def test_a_finished_sequence_is_released_between_launch_and_collect() -> None:
     n = engine.metrics.batch_calls_total
     assert n == 3 and h["tick_decode_ms"]["count"] == h["tick_sample_ms"]["count"] == n
     assert h["tick_overlap_ms"]["count"] == n
+
+
+class Reusing(AllRows):
+    """As AllRows, with llama.cpp's graph-reuse count: a decode of as many spans as the one
+    before reuses its graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reuses, self._last = 0, -1
+
+    def decode(self, spans):
+        self.reuses += len(spans) == self._last
+        self._last = len(spans)
+        return super().decode(spans)
+
+    def graph_reuses(self) -> int:
+        return self.reuses
+
+
+def test_a_tick_says_whether_its_decode_reused_the_graph() -> None:
+    rt = Reusing()
+    ex = Executor(rt, Sampler(rt))  # type: ignore[arg-type]
+    one, two = [Span(1, 3, [9], True)], [Span(1, 4, [9], True), Span(2, 4, [9], True)]
+    reused = []
+    for spans in (one, one, one, two, two, one):
+        b = batch(spans, [Draw(greedy()) for _ in spans])
+        reused.append(ex.collect(ex.launch(b), overlap_s=0.0, freed=False).graph_reused)
+    assert reused == [False, True, True, False, True, False]
