@@ -119,8 +119,13 @@ class AsyncUmaClient:
         queue = self._queues.get(rid)
         if queue is not None:  # else its request has ended: the event is dropped
             queue.put_nowait(_undecodable(exc))
-            with contextlib.suppress(Exception):  # a closing connection: nothing to cancel
-                self._writer.write(p.encode(p.Cancel(id=rid)))
+            self._cancel_now(rid)
+
+    def _cancel_now(self, rid: str) -> None:
+        """Cancel ``rid`` in the core without waiting (from a finally block or the reader):
+        best effort, as a closing connection has nothing left to cancel."""
+        with contextlib.suppress(Exception):
+            self._writer.write(p.encode(p.Cancel(id=rid)))
 
     def _frame(self, msg: Any) -> bytes:
         """``msg`` framed, or CoreError(E_TOO_BIG) for a frame over the core's limit: that
@@ -166,8 +171,7 @@ class AsyncUmaClient:
         finally:
             self._queues.pop(request.id, None)
             if not done and not self.closed:
-                with contextlib.suppress(Exception):
-                    self._writer.write(p.encode(p.Cancel(id=request.id)))
+                self._cancel_now(request.id)
 
     async def stream_group(self, request: p.Generate) -> AsyncIterator[tuple[int, p.Event]]:
         """A request with ``n`` > 1 (admitted whole or refused whole by the core): each of its
@@ -197,8 +201,7 @@ class AsyncUmaClient:
                 self._queues.pop(rid, None)
             if not self.closed:
                 for rid in running:
-                    with contextlib.suppress(Exception):
-                        self._writer.write(p.encode(p.Cancel(id=rid)))
+                    self._cancel_now(rid)
 
     async def complete(self, request: p.Generate) -> p.CompletionEvent | p.EosEvent:
         """Run a generation to its end; return the final event (text joined if streamed)."""
