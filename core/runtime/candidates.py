@@ -109,3 +109,12 @@ def top_k_chain(k: int) -> ll.llama_sampler_p | None:
     chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
     ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
     return chain
+
+
+def whole_row_chain() -> ll.llama_sampler_p:
+    """A sampler chain that hands over a sequence's whole logits row (a temperature of 1 is
+    llama.cpp's empty sampler). A sequence with no device sampler at all would make llama.cpp
+    copy every output row of the decode to the host, not only its own (needs_raw_logits)."""
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(1.0))
+    return chain

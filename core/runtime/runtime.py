@@ -14,7 +14,7 @@ import llama_cpp as ll
 import numpy as np
 
 from uma_serve.core.runtime.batch import DecodeBatch
-from uma_serve.core.runtime.candidates import DeviceCandidates, top_k_chain
+from uma_serve.core.runtime.candidates import DeviceCandidates, top_k_chain, whole_row_chain
 from uma_serve.core.runtime.gil import held
 from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
@@ -363,17 +363,14 @@ class Runtime(KvMemory):
 
     @landed
     def set_device_top_k(self, seq_id: int, on: bool) -> None:
-        """Detach (a request that needs its whole logits row) or re-attach a sequence's
-        device top-k; each change costs one graph reservation at the next decode. A chain
-        is attached once in its life (llama.cpp initialises it for the graph then): re-attach
-        means a fresh one."""
+        """Detach a sequence's device top-k (for a request that needs its whole logits row:
+        the whole-row chain, so that only its row crosses to the host) or re-attach it; each
+        change costs one graph reservation at the next decode. A chain is attached once in
+        its life (llama.cpp initialises it for the graph then): each change makes a new one."""
         old = self._top_k_chains[seq_id]
-        if on:
-            chain = self._top_k_chains[seq_id] = top_k_chain(self.params.device_top_k)
-            ll.llama_set_sampler(self.ctx, seq_id, chain)
-        else:
-            ll.llama_set_sampler(self.ctx, seq_id, None)
-            self._top_k_chains[seq_id] = None
+        chain = top_k_chain(self.params.device_top_k) if on else whole_row_chain()
+        self._top_k_chains[seq_id] = chain
+        ll.llama_set_sampler(self.ctx, seq_id, chain)
         if old is not None:
             ll.llama_sampler_free(old)
 

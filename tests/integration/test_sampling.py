@@ -3,6 +3,8 @@ logits, and the same tokens from either source of candidates in the daemon."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import numpy as np
 import pytest
@@ -292,3 +294,42 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
         assert views[1] == views[0] and views[2] != views[1]
     finally:
         rt.close()
+
+
+def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
+    """A request that needs its whole logits row (a grammar, penalties, logprobs) has its
+    sequence's device top-k detached. Its row must be the model's whole row, as a runtime
+    without device top-k gives it, and the decode's other rows must stay on the device:
+    llama.cpp copies every output row to the host when a sequence has no device sampler,
+    which cost 3 streams beside one such request an eighth of their speed on an H100."""
+    import llama_cpp as ll
+
+    n_seq, detached = 4, 1
+    params = RuntimeParams(default_model_path(), n_ctx=1024, n_seq=n_seq, device_top_k=64)
+    rt, plain = Runtime(params), Runtime(dataclasses.replace(params, device_top_k=0))
+    try:
+        rt.set_device_top_k(detached, False)
+        raw = np.ctypeslib.as_array(ll.llama_get_logits(rt.ctx), shape=(n_seq * rt.n_vocab,))
+        ends = [0] * n_seq
+        for tick in range(3):
+            spans = [Span(s, ends[s], [2, 100 + s] if tick == 0 else [300 + 7 * s + tick], True)
+                     for s in range(n_seq)]  # fmt: skip
+            raw[:] = np.nan  # llama.cpp's buffer of whole rows, as the last decode left it
+            rc, out = rt.decode(spans)
+            assert rc == 0 and rt.synchronize() == 0
+            assert plain.decode(spans) == (0, out) and plain.synchronize() == 0
+            ends = [sp.pos + len(sp.tokens) for sp in spans]
+            whole = rt.logits_row(out[detached])
+            assert whole.shape == (rt.n_vocab,)
+            assert np.allclose(whole, plain.logits_row(out[detached]), atol=1e-3), tick
+            assert np.isnan(raw).all(), f"tick {tick}: whole rows crossed to the host"
+            ids, _ = rt.candidates([out[s] for s in range(n_seq) if s != detached])
+            assert (ids >= 0).all()
+        rt.set_device_top_k(detached, True)  # re-attached: its row is a top-k again
+        spans = [Span(s, ends[s], [400 + s], True) for s in range(n_seq)]
+        assert rt.decode(spans)[0] == 0 and rt.synchronize() == 0
+        assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, detached) == 64
+        assert ll.llama_get_sampled_logits_count_ith(rt.ctx, detached) == 64
+    finally:
+        rt.close()
+        plain.close()
