@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 from dataclasses import asdict, fields
@@ -247,7 +248,10 @@ def main(argv: list[str] | None = None) -> None:
         timeout_graceful_shutdown=int(args.shutdown_grace + STOP_MARGIN_S + 0.999),
         proxy_headers=False,
     )
-    GatewayServer(config, app.state.drain).run()
+    # after a drain on Ctrl-C uvicorn raises the signal again, which asyncio turns into a
+    # KeyboardInterrupt: the shutdown was clean, so no traceback (as uvicorn.run does)
+    with contextlib.suppress(KeyboardInterrupt):
+        GatewayServer(config, app.state.drain).run()
 
 
 if __name__ == "__main__":

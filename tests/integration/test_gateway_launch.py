@@ -41,6 +41,9 @@ def test_launch_starts_both_and_ctrl_c_stops_both(fresh_tmp):
         assert r.status_code == 200 and r.json()["choices"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(40) == 0
+        log.close()
+        # a Ctrl-C is how this is stopped: no traceback (uvicorn raises its KeyboardInterrupt)
+        assert "Traceback" not in (fresh_tmp / "launch.log").read_text()
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{url}/health", timeout=2)
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
