@@ -9,8 +9,9 @@ with llama.cpp's own chain, tests/llama_chain.py).
 A row enters the chain as candidates. With a device top-k (the default on a GPU) the device
 keeps each row's best ``device_top_k`` logits and only they cross to the host, unless the
 request needs its whole row (a bias, penalties, a grammar, a wider top-k, logprobs): that
-sequence's device top-k is detached (and stays so until a request that can use it gets the
-sequence, see ``Sampler.detached``). A whole row (every row on a CPU)
+sequence's device top-k is detached, a whole-row chain in its place, so that only its row
+crosses (and stays so until a request that can use it gets the sequence, see
+``Sampler.detached``). A whole row (every row on a CPU)
 is biased and penalised in place, then cut to what can be drawn (greedy: the argmax; top-k:
 the k best; top-p alone: the tokens near the peak that hold the nucleus; else the whole row),
 never sorting the vocabulary. From there the rows are drawn together (core/draw.py). A
@@ -202,7 +203,8 @@ class Sampler:
     def __init__(self, runtime: RuntimeApi) -> None:
         self.runtime = runtime
         self.device_k = runtime.params.device_top_k  # > 0: candidates come from the device
-        # Sequence ids whose device top-k is detached. Each change costs llama.cpp a graph
+        # Sequence ids whose device top-k is detached (a whole-row chain in its place: only
+        # their rows cross to the host whole). Each change costs llama.cpp a graph
         # reservation (60-130 ms on an H100, every stream waits), so an id stays detached
         # after its request, and admission gives a request a free id that suits it when there
         # is one (``suits``): constrained requests take detached ids, the others attached ones.

@@ -202,16 +202,21 @@ def test_sampled_distribution_matches_the_chain(runtime, params: p.Sampling) -> 
         assert 0.5 * np.abs(pc - qc).sum() < 0.08, (support[:10], pc[:10], qc[:10])
 
 
+NUMBERS = r"""root ::= "[" [0-9]+ ("," " "? [0-9]+)* "]"
+"""
+
+
 @pytest.mark.parametrize("policy", ["", "qos,spec,latency,bmt"])
 def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: str) -> None:
     """Two fresh daemons, one sampling whole logits rows on the host (--sampler numpy), one
     the device's top-64 (backend-topk: here the CPU backend's graph), fed the same requests in
     the same order (so their KV caches hold the same cells: llama.cpp's logits depend slightly
     on the cache layout, which would flip near-tie tokens between differently used daemons):
-    the same text, greedy, penalised (backend-topk's whole-row path, the sequence's device
-    top-k detached), seeded sampled (one chain over either candidates), and with speculative
-    verification (several rows of one sequence in a tick, on the repetitive prompt); and
-    the same log-probabilities (a whole row the device hands over)."""
+    the same text, greedy, penalised and constrained by a grammar (backend-topk's whole-row
+    path, the sequence's device top-k detached), seeded sampled (one chain over either
+    candidates), and with speculative verification (several rows of one sequence in a tick,
+    on the repetitive prompt); and the same log-probabilities (a whole row the device hands
+    over)."""
     flags = ("--n-ctx", "2048", "--prefix-cache-tokens", "0", "--policy", policy)
     daemons = []
     try:
@@ -223,6 +228,8 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
             gen("def fibonacci(n):", max_tokens=24, temperature=0.0, ignore_eos=True),
             gen("Once upon a time,", max_tokens=24, temperature=0.8, top_k=40, seed=11),
             gen("a b c d a b c d a b c d a b c d a b", max_tokens=24, temperature=0.0),
+            # a grammar's whole row (a whole-row chain where the device's top-k was)
+            gen("A list of numbers:", max_tokens=24, temperature=0.0, grammar=NUMBERS),
         ]
         for req in requests:
             texts = []
