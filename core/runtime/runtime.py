@@ -169,11 +169,12 @@ class Runtime(KvMemory):
         cparams.no_perf = True
         cparams.flash_attn_type = params.flash_attn
         cparams.n_outputs_max_per_seq = params.max_outputs_per_seq
-        # attached at creation (one graph reservation for good, not one per request)
-        self._top_k_chains = [top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
+        # each sequence's device chain (a top-k; a whole-row chain while detached), attached
+        # at creation (one graph reservation for good, not one per request)
+        self._seq_chains = [top_k_chain(params.device_top_k) for _ in range(params.n_seq)]
         if params.device_top_k > 0:
             self._sampler_configs = (ll.llama_sampler_seq_config * params.n_seq)()
-            for seq_id, chain in enumerate(self._top_k_chains):
+            for seq_id, chain in enumerate(self._seq_chains):
                 self._sampler_configs[seq_id].seq_id = seq_id
                 self._sampler_configs[seq_id].sampler = ctypes.cast(chain, ctypes.c_void_p)
             cparams.samplers, cparams.n_samplers = self._sampler_configs, params.n_seq
@@ -367,9 +368,9 @@ class Runtime(KvMemory):
         the whole-row chain, so that only its row crosses to the host) or re-attach it; each
         change costs one graph reservation at the next decode. A chain is attached once in
         its life (llama.cpp initialises it for the graph then): each change makes a new one."""
-        old = self._top_k_chains[seq_id]
+        old = self._seq_chains[seq_id]
         chain = top_k_chain(self.params.device_top_k) if on else whole_row_chain()
-        self._top_k_chains[seq_id] = chain
+        self._seq_chains[seq_id] = chain
         ll.llama_set_sampler(self.ctx, seq_id, chain)
         if old is not None:
             ll.llama_sampler_free(old)
@@ -386,7 +387,7 @@ class Runtime(KvMemory):
                 self._launcher.close()
             self._batch.free()
             ll.llama_free(self.ctx)
-            for chain in self._top_k_chains:
+            for chain in self._seq_chains:
                 if chain is not None:
                     ll.llama_sampler_free(chain)
             if self._owns_model:
