@@ -104,17 +104,17 @@ class DeviceCandidates:
 def top_k_chain(k: int) -> ll.llama_sampler_p | None:
     """A sampler chain of one top-k of ``k`` for a sequence's outputs, run inside the decode
     graph (None for no device top-k)."""
-    if k <= 0:
-        return None
-    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
-    return chain
+    return _chain_of(ll.llama_sampler_init_top_k(k)) if k > 0 else None
 
 
 def whole_row_chain() -> ll.llama_sampler_p:
     """A sampler chain that hands over a sequence's whole logits row (a temperature of 1 is
     llama.cpp's empty sampler). A sequence with no device sampler at all would make llama.cpp
     copy every output row of the decode to the host, not only its own (needs_raw_logits)."""
+    return _chain_of(ll.llama_sampler_init_temp(1.0))
+
+
+def _chain_of(sampler: ll.llama_sampler_p) -> ll.llama_sampler_p:
     chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(1.0))
+    ll.llama_sampler_chain_add(chain, sampler)
     return chain
