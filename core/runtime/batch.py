@@ -21,11 +21,12 @@ class DecodeBatch:
         self._seq_ptrs = [self.batch.seq_id[i] for i in range(n)]
         np.ctypeslib.as_array(self.batch.n_seq_id, shape=(n,))[:] = 1
         self.pad_id = pad_id
+        self.n_outputs = 0  # rows with an output in the last fill
 
     def fill(self, spans: list[Span]) -> tuple[list[int], bool]:
         """The spans' tokens, in order: each span's first logits row (-1: none; a span with
         ``all_logits`` has its rows consecutive), and whether a pad token was added."""
-        i = 0
+        i = n_outputs = 0
         rows: list[int] = []
         for span in spans:
             n = len(span.tokens)
@@ -38,9 +39,11 @@ class DecodeBatch:
             if span.all_logits:
                 self.logits[i - n : i] = 1
                 rows.append(i - n)
+                n_outputs += n
             elif span.logits:
                 self.logits[i - 1] = 1
                 rows.append(i - 1)
+                n_outputs += 1
             else:
                 rows.append(-1)
         padded = i == 1 and self.pad_id >= 0
@@ -48,7 +51,8 @@ class DecodeBatch:
             self._tok[1], self._pos[1], self.logits[1] = self._tok[0], 0, 1
             self._seq_ptrs[1][0] = self.pad_id
             i = 2
-        self.batch.n_tokens = i
+            n_outputs += 1
+        self.batch.n_tokens, self.n_outputs = i, n_outputs
         return rows, padded
 
     def free(self) -> None:

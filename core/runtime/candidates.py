@@ -4,7 +4,16 @@ inside the decode graph, read from llama.cpp's buffers into arrays the sampler d
 llama.cpp keeps them in one buffer, an output row every ``n_vocab`` entries, outputs in batch
 order. From ``BULK_ROWS`` rows on they are read as one numpy gather (16 rows 11-12 us against
 32 us for five ctypes calls a row, on the 2-core CPU), when the first and last rows'
-pointers and counts say the layout is that one; fewer rows are read row by row.
+pointers say the layout is that one; fewer rows are read row by row.
+
+Each accessor of llama.cpp's synchronizes with the device first (~10 us each on an H100's
+host, where a lone stream's tick read its row through three of them). The logits buffer lies
+at a fixed distance from the candidates buffer for a given number of output rows: both are
+views on one allocation, laid out by that number. So the distance is learned once through the
+accessors, keyed by the batch's output rows and the candidates buffer's address (a new
+allocation, or an address that is not a candidates row, is a new key), and a row's logits
+follow from its candidates' address: one call a row, two for a gather. A row read from the
+device has its sequence's top-k attached, so its count is ``k``.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from uma_serve.core.runtime.gil import held, memmove
 # gather ~11 us (its pointer checks; 3 / 4 / 5 / 6 / 8 rows 10.3 / 10.4 / 10.5 / 10.8 / 10.9 us
 # against 8.5 / 10.3 / 12.2 / 13.7 / 17.5 row by row, measured on a 2-core CPU)
 BULK_ROWS = 5
+KNOWN_LAYOUTS = 64  # learned distances kept at most (a batch's output rows, its allocation)
 _I32P, _F32P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
 # read after the tick's synchronize: they return at once, so they keep the GIL (gil.py)
 # and return addresses as ints: a pointer object and its cast cost ~1.5 us each
@@ -38,28 +48,45 @@ class DeviceCandidates:
         # views on llama.cpp's candidate buffers, by their base addresses and rows: the
         # buffers stay where they are from tick to tick, and two views cost ~15 us to make
         self._views: tuple[tuple[int, int, int], np.ndarray, np.ndarray] | None = None
+        # (output rows, candidates buffer's address) -> the logits buffer's distance from it
+        self._offsets: dict[tuple[int, int], int] = {}
 
     def read(
-        self, ctx: ll.llama_context_p, rows: list[int], outputs: np.ndarray
+        self, ctx: ll.llama_context_p, rows: list[int], outputs: np.ndarray, n_outputs: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """The top-k of batch ``rows`` as (rows, k) arrays of token ids and their logits,
         unsorted (a row with fewer than k candidates is padded with logit -inf); ``outputs``:
-        the batch's logits flags (which rows have an output)."""
+        the batch's logits flags (which rows have an output), ``n_outputs`` how many."""
         k = self.k
         if self._ids.shape[0] < len(rows):
             self._ids = np.zeros((len(rows), k), dtype=np.int32)
             self._logits = np.zeros((len(rows), k), dtype=np.float32)
         ids, logits = self._ids[: len(rows)], self._logits[: len(rows)]
-        bulk = self.buffers(ctx, rows, outputs)
+        bulk = self.buffers(ctx, rows, outputs, n_outputs)
         if bulk is not None:
             all_ids, all_logits, out = bulk
             ids[:], logits[:] = all_ids[out, :k], all_logits[out, :k]
             return ids, logits
-        ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
+        ids_at, logits_at, size, stride = (
+            ids.ctypes.data,
+            logits.ctypes.data,
+            k * 4,
+            self.n_vocab * 4,
+        )
+        # each row's place among the outputs: in order, when every output row is read
+        every = n_outputs == len(rows) and rows == sorted(rows)
+        places = range(len(rows)) if every else _output_rows(rows, outputs).tolist()
         for r, row in enumerate(rows):
-            n = min(_count_ith(ctx, row), k)
-            src_ids = _candidates_ith(ctx, row)
-            src_logits = _logits_ith(ctx, row)
+            src_ids = _candidates_ith(ctx, row) or 0
+            key = (n_outputs, src_ids - places[r] * stride)
+            offset = self._offsets.get(key)
+            if offset is None:  # a layout not met yet: the accessors, and its distance
+                n = min(_count_ith(ctx, row), k)
+                src_logits = _logits_ith(ctx, row) or 0
+                if n == k and src_ids and src_logits:
+                    self._learn(key, src_logits - src_ids)
+            else:
+                n, src_logits = k, src_ids + offset
             memmove(ids_at + r * size, src_ids, n * 4)
             memmove(logits_at + r * size, src_logits, n * 4)
             if n < k:
@@ -67,38 +94,48 @@ class DeviceCandidates:
         return ids, logits
 
     def buffers(
-        self, ctx: ll.llama_context_p, rows: list[int], outputs: np.ndarray
+        self, ctx: ll.llama_context_p, rows: list[int], outputs: np.ndarray, n_outputs: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Views on llama.cpp's candidate buffers as (outputs, n_vocab) arrays and each row's
         output index; None for fewer than BULK_ROWS rows, or unless both ends of ``rows``
         are where that layout puts them."""
         if len(rows) < BULK_ROWS:
             return None
-        at = np.asarray(rows)
-        out = np.add.accumulate(outputs[: max(rows) + 1], dtype=np.int64)[at] - 1
+        out = _output_rows(rows, outputs)
         ends = (int(out.argmin()), int(out.argmax()))
-        pointers = []
-        for end in ends:
-            row = rows[end]
-            if _count_ith(ctx, row) != self.k:
-                return None
-            pointers.append((_candidates_ith(ctx, row) or 0, _logits_ith(ctx, row) or 0))
         stride = self.n_vocab * 4
         first, last = (int(out[end]) for end in ends)
-        (ids0, logits0), (ids1, logits1) = pointers
-        if not ids0 or not logits0 or ids1 - ids0 != (last - first) * stride:
+        ids0, ids1 = (_candidates_ith(ctx, rows[end]) or 0 for end in ends)
+        if not ids0 or ids1 - ids0 != (last - first) * stride:
             return None
-        if logits1 - logits0 != (last - first) * stride:
-            return None
-        base = first * stride
-        key = (ids0 - base, logits0 - base, last + 1)
-        if self._views is None or self._views[0] != key:  # llama.cpp's buffers moved or grew
+        key = (n_outputs, ids0 - first * stride)
+        offset = self._offsets.get(key)
+        if offset is None:  # a layout not met yet: both ends through the accessors
+            if any(_count_ith(ctx, rows[end]) != self.k for end in ends):
+                return None
+            logits0, logits1 = (_logits_ith(ctx, rows[end]) or 0 for end in ends)
+            if not logits0 or logits1 - logits0 != (last - first) * stride:
+                return None
+            offset = self._learn(key, logits0 - ids0)
+        view_key = (key[1], key[1] + offset, last + 1)
+        if self._views is None or self._views[0] != view_key:  # the buffers moved or grew
             shape = (last + 1, self.n_vocab)
-            all_ids = np.ctypeslib.as_array(ctypes.cast(key[0], _I32P), shape=shape)
-            all_logits = np.ctypeslib.as_array(ctypes.cast(key[1], _F32P), shape=shape)
-            self._views = key, all_ids, all_logits
+            all_ids = np.ctypeslib.as_array(ctypes.cast(view_key[0], _I32P), shape=shape)
+            all_logits = np.ctypeslib.as_array(ctypes.cast(view_key[1], _F32P), shape=shape)
+            self._views = view_key, all_ids, all_logits
         _, all_ids, all_logits = self._views
         return all_ids, all_logits, out
+
+    def _learn(self, key: tuple[int, int], offset: int) -> int:
+        if len(self._offsets) >= KNOWN_LAYOUTS:
+            self._offsets.clear()
+        self._offsets[key] = offset
+        return offset
+
+
+def _output_rows(rows: list[int], outputs: np.ndarray) -> np.ndarray:
+    """Each batch row's place among the batch's output rows."""
+    return np.add.accumulate(outputs[: max(rows) + 1], dtype=np.int64)[np.asarray(rows)] - 1
 
 
 def top_k_chain(k: int) -> ll.llama_sampler_p | None:

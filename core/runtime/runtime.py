@@ -354,7 +354,7 @@ class Runtime(KvMemory):
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
         unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
         call."""
-        return self._candidates.read(self.ctx, rows, self._batch.logits)
+        return self._candidates.read(self.ctx, rows, self._batch.logits, self._batch.n_outputs)
 
     @landed
     def graph_reuses(self) -> int:

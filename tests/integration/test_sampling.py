@@ -258,10 +258,23 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
     each row must hold what llama.cpp's per-row accessors give, also after a sequence that
     asks for logits on several tokens (a drafted decode), one without any output row, and
     with rows asked out of order and one left out; and tick after tick, as the gather's views
-    on that buffer are kept while it stays where it is and made again when it changes."""
+    on that buffer are kept while it stays where it is and made again when it changes. Fewer
+    rows are read row by row. Either way a layout's first read learns where the logits lie
+    from llama.cpp's accessors; later reads of it call only the candidates' accessor."""
     import llama_cpp as ll
 
+    from uma_serve.core.runtime import candidates as cand
     from uma_serve.core.runtime.candidates import BULK_ROWS
+
+    calls: list[str] = []
+    real = {name: getattr(cand, name) for name in ("_count_ith", "_logits_ith")}
+
+    def counted(name: str):
+        def call(*args):
+            calls.append(name)
+            return real[name](*args)
+
+        return call
 
     n_seq = BULK_ROWS + 4
     rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
@@ -285,10 +298,32 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
             wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (n_out - 1, n_out - 2)]
             assert len(wanted) >= BULK_ROWS
             assert (
-                rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits) is not None
+                rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits, rt._batch.n_outputs)
+                is not None
             )  # the gather, not the fallback
             views.append(rt._candidates._views[0])
-            ids, logits = (a.copy() for a in rt.candidates(wanted))
+            few = [wanted[0], wanted[-1], wanted[4]]  # read row by row
+            rt._candidates._offsets.clear()  # learned by the gather, or (tick 1) row by row
+            for name in real:
+                setattr(cand, name, counted(name))
+            try:
+                if tick == 1:
+                    first = [a.copy() for a in rt.candidates(few)]
+                ids, logits = (a.copy() for a in rt.candidates(wanted))
+                if tick != 1:
+                    first = [a.copy() for a in rt.candidates(few)]
+                assert calls  # the first read of the layout asked the accessors
+                calls.clear()
+                again = [a.copy() for a in rt.candidates(few)]
+                assert [a.copy() for a in rt.candidates(wanted)][1].tolist() == logits.tolist()
+                assert not calls, calls  # later reads: the candidates' accessor only
+                assert all((x == y).all() for x, y in zip(first, again, strict=True))
+            finally:
+                for name, fn in real.items():
+                    setattr(cand, name, fn)
+            for j, row in enumerate(few):
+                i = wanted.index(row)
+                assert (first[0][j] == ids[i]).all() and (first[1][j] == logits[i]).all()
             for i, row in enumerate(wanted):
                 n = ll.llama_get_sampled_candidates_count_ith(rt.ctx, row)
                 assert n == 64
