@@ -2,21 +2,24 @@
 
     planned = scheduler.plan()                    # tick N+1's plan, while tick N computes
     out = executor.collect(launched)              # tick N: the device done, its rows sampled
-    events = scheduler.advance(batch, seqs, out)  # tokens -> text, stops, ends
+    events = scheduler.advance(batch, seqs, out)  # its tokens: the next ones to decode, ends
     batch = scheduler.batch(planned)              # tick N+1's spans, with tick N's tokens
     launched = executor.launch(batch)             # llama_decode (a GPU computes after it)
-    sink(events)                                  # tick N's tokens out, while N+1 computes
+    events += scheduler.flush()                   # tick N's tokens -> text, stops, events
+    sink(events)                                  # out, while N+1 computes
     seqs = scheduler.launched(batch)              # its sequences where it leaves them
     scheduler.record(...)                         # the learner learns tick N meanwhile
 
 On a GPU a tick stays in flight between two steps: llama_decode returns once the graph is
-launched, so the host work of a step (tokens to events and the learner, the inbox, admissions,
-the next plan, releasing finished sequences' KV) runs while the device computes, and only
-sampling, the output step and llama_decode's own host work lie between two ticks. A plan made
-before the last tick's tokens are known keeps its sequences' places: a sequence that tick
-ended drops out of the batch. With speculative drafts the plan waits for the tokens, which its
-drafts continue. On a CPU, whose llama_decode computes the tick, a step launches and collects
-its own tick (``overlap`` off).
+launched, so the host work of a step (tokens to text and events, the learner, the inbox,
+admissions, the next plan, releasing finished sequences' KV) runs while the device computes,
+and only sampling, a token's place in its sequence and llama_decode's own host work lie
+between two ticks. A stop string found in a token's text ends its sequence after the next
+tick was launched with it: that row's result is dropped, as a cancelled sequence's is. A
+plan made before the last tick's tokens are known keeps its sequences' places: a sequence
+that tick ended drops out of the batch. With speculative drafts the plan waits for the
+tokens, which its drafts continue. On a CPU, whose llama_decode computes the tick, a step
+launches and collects its own tick (``overlap`` off).
 
 The model may run in several llama.cpp contexts (``Shard``s: each its own sequences, KV
 cache, scheduler and tick in flight), stepped in turn: while the device computes one
@@ -264,13 +267,15 @@ class Engine:
                 planned = sched.plan()
             if planned is not None:
                 self._launch(sh, sched.batch(planned))
-            # the tick's tokens go out once the next tick is launched: the I/O thread that
-            # writes them takes the GIL whenever this thread lets it go, and its writes then
-            # overlap the device instead of holding up the launch
+            # the tick's tokens become text and events, and go out, once the next tick is
+            # launched: the I/O thread that writes them takes the GIL whenever this thread
+            # lets it go, and its writes then overlap the device instead of holding up the launch
+            events += sched.flush()
             self._send(events)
             if done is not None:
                 sched.record(*done)
             if not self._overlap and (done := self._collect(sh, events)) is not None:
+                events += sched.flush()
                 self._send(events)  # nothing to overlap: the tick's tokens at once
                 sched.record(*done)
         except Exception:  # a bug costs the running requests, not the daemon

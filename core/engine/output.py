@@ -16,20 +16,68 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
 from uma_serve.core.runtime.api import RuntimeApi
 
+EOG = "eog"  # an end-of-generation token: the request's end is "stop"
+
 
 class Output:
     def __init__(self, runtime: RuntimeApi, metrics: EngineMetrics) -> None:
         self.runtime = runtime
         self.metrics = metrics
+        # tokens whose output step waits for ``flush``: (sequence, token, logprobs, when drawn)
+        self.pending: list[tuple[Sequence, int, p.Logprobs | None, int]] = []
 
-    def token(
+    def take(
         self, seq: Sequence, token: int, lp: p.Logprobs | None, now: int, out: list[Outgoing]
     ) -> str | None:
-        """One sampled token of a running sequence, as its event(s). Returns the end it
-        brought ("stop", "length"; its final event is made), or None: the token is the
-        sequence's next one to decode."""
+        """A running sequence's sampled token. One that ends it (end of generation, its
+        ``max_tokens``, the context) or is its first goes through the output step at once
+        (as every token does under speculation, whose next drafts continue it): returns the
+        end it brought, its final event made. Any other becomes the sequence's next token to
+        decode, its text and events waiting for ``flush`` (after the next tick's launch, while
+        the device computes it); returns None."""
+        end = self._end_of(seq, token)
+        if end is None and seq.first_token_ns is not None and seq.ngrams is None:
+            seq.next_token = token
+            self.pending.append((seq, token, lp, now))
+            return None
+        reason = self._token(seq, token, lp, now, out, end)
+        if reason is None:
+            seq.next_token = token
+        return reason
+
+    def flush(self, out: list[Outgoing]) -> list[tuple[Sequence, str]]:
+        """The waiting tokens' text and events; the sequences a stop string ended and why
+        (their token is in the tick in flight: their KV holds it)."""
+        pending, self.pending = self.pending, []
+        ended = []
+        for seq, token, lp, now in pending:
+            reason = self._token(seq, token, lp, now, out, None)
+            if reason is not None:
+                seq.out.append(token)
+                ended.append((seq, reason))
+        return ended
+
+    def _end_of(self, seq: Sequence, token: int) -> str | None:
+        """The end a token brings without its text: end of generation, the length."""
         req = seq.request
         if self.runtime.is_eog(token) and not req.ignore_eos:
+            return EOG
+        if seq.generated + 1 >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
+            return "length"
+        return None
+
+    def _token(
+        self,
+        seq: Sequence,
+        token: int,
+        lp: p.Logprobs | None,
+        now: int,
+        out: list[Outgoing],
+        end: str | None,
+    ) -> str | None:
+        """One token through the output step (``end``: ``_end_of``'s): its text, checked
+        against the stop strings, as events; the end it brought (its final event made)."""
+        if end == EOG:
             self.end(seq, "stop", now, out, token=token)
             return "stop"
         seq.generated += 1
@@ -39,12 +87,11 @@ class Output:
             _emit_text(seq, text, token, lp, out)
             self.end(seq, "stop", now, out)
             return "stop"
-        if seq.generated >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
+        if end == "length":
             _emit_text(seq, text + seq.text.flush(), token, lp, out)
             self.end(seq, "length", now, out)
             return "length"
         _emit_text(seq, text, token, lp, out)
-        seq.next_token = token
         seq.out.append(token)
         if seq.ngrams is not None:
             seq.ngrams.append(token)

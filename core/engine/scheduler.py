@@ -4,9 +4,9 @@ It owns the running set and the admission queue, uses the prefix cache on admiss
 a sequence's end, shows the policy a side-effect-free snapshot and turns its plan into the
 executor's Batch. At the launch it moves the tick's sequences to where the tick leaves them
 (so the next tick can be planned while the device computes); once the tick is collected it
-passes its tokens through the output step (core/engine/output.py: text, stops, lengths,
-ends), applies what a failed tick's decision says (core/engine/recovery.py) and gives the
-tick's time to the learner (learner.py).
+gives its tokens to the output step (core/engine/output.py: ends at once; text, stop strings
+and events once the next tick is launched, ``flush``), applies what a failed tick's decision
+says (core/engine/recovery.py) and gives the tick's time to the learner (learner.py).
 """
 
 from __future__ import annotations
@@ -115,11 +115,10 @@ class Scheduler:
 
     def cancel(self, match: Match, detail: str) -> list[Outgoing]:
         """Idempotent: a request already finished or unknown is ignored."""
-        now, out = time.monotonic_ns(), []
-        for seq in self._queue.remove(match):
-            self._finish(seq, "cancelled", now, out, detail)
-        for seq in [s for s in self.running.values() if match(s)]:
-            self._finish(seq, "cancelled", now, out, detail)
+        now, out = time.monotonic_ns(), self.flush()
+        for seq in [*self._queue.remove(match), *[s for s in self.running.values() if match(s)]]:
+            self._output.end(seq, "cancelled", now, out, detail)
+            self._retire(seq, "cancelled")
         self.gauges.waiting_sessions = len(self._queue)
         return out
 
@@ -288,7 +287,7 @@ class Scheduler:
         drafted: list[tuple[Sequence, int, Sampled]] = []
         for item, seq, got in zip(batch.plan.items, seqs, sampled, strict=True):
             if self.running.get(seq.seq_id) is not seq:
-                continue  # cancelled while its tick computed
+                continue  # ended while its tick computed (a cancel, a stop string)
             seq.last_progress_ns = now
             seq.burst = seq.burst + 1 if item.phase is Phase.DECODE else 0
             if item.phase is Phase.DECODE and item.n_tokens > 1:
@@ -339,13 +338,22 @@ class Scheduler:
     def _emit(
         self, seq: Sequence, token: int, lp: p.Logprobs | None, now: int, out: list[Outgoing]
     ) -> bool:
-        """A sampled token through the output step; False when it ended the sequence."""
-        reason = self._output.token(seq, token, lp, now, out)
+        """A sampled token to the output step; False when it ended the sequence."""
+        reason = self._output.take(seq, token, lp, now, out)
         if reason is not None:
             self._retire(seq, reason)
         return reason is None
 
+    def flush(self) -> list[Outgoing]:
+        """The output step's held tokens as text and events (call once the next tick is
+        launched); a stop string ends its sequence, its row in flight dropped like a cancel's."""
+        out: list[Outgoing] = []
+        for seq, reason in self._output.flush(out):
+            self._retire(seq, reason)
+        return out
+
     def fail_running(self, message: str) -> list[Outgoing]:
+        self._output.pending.clear()  # their requests fail: their tokens go unsaid
         now, out = time.monotonic_ns(), []
         for seq in list(self.running.values()):
             self._fail(seq, message, now, out)
@@ -354,12 +362,6 @@ class Scheduler:
     def _fail(self, seq: Sequence, message: str, now: int, out: list[Outgoing]) -> None:
         self._output.fail(seq, message, now, out)
         self._retire(seq, "error")
-
-    def _finish(
-        self, seq: Sequence, reason: str, now: int, out: list[Outgoing], detail: str
-    ) -> None:
-        self._output.end(seq, reason, now, out, detail)
-        self._retire(seq, reason)
 
     def _retire(self, seq: Sequence, reason: str) -> None:
         """A sequence that ended leaves the running set; its KV and id go at the next
@@ -386,9 +388,10 @@ class Scheduler:
 
     def drain(self, detail: str, reason: str = "cancelled") -> list[Outgoing]:
         """End every request, waiting or running."""
-        now, out = time.monotonic_ns(), []
+        now, out = time.monotonic_ns(), self.flush()
         for seq in list(self._queue.waiting) + list(self.running.values()):
-            self._finish(seq, reason, now, out, detail)
+            self._output.end(seq, reason, now, out, detail)
+            self._retire(seq, reason)
         self.release_ended()
         self._queue.waiting.clear()
         self.gauges.waiting_sessions = 0

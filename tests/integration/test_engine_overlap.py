@@ -146,14 +146,18 @@ def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(
     assert end.usage.completion_tokens == 16
 
 
-def conversation(overlap: bool) -> list[p.EosEvent]:
+def conversation(overlap: bool, stop: str | None = None) -> tuple[list[p.EosEvent], str]:
     """Two turns of a chat through an engine with the prefix cache: the second re-sends the
-    first's prompt and answer, submitted as the first ends (on the engine's own thread)."""
+    first's prompt and answer, submitted as the first ends (on the engine's own thread);
+    ``stop``: the first turn's stop string. The final events and the whole text."""
     params = RuntimeParams(
         default_model_path(), n_ctx=4096, n_seq=2, n_seq_cache=2, swa_full=True, shadow=True
     )
     rt = Runtime(params)
-    first = "User: Name three colours.\nAssistant:"
+    first = (
+        "System: You are a helpful assistant. Answer briefly and kindly, in plain words, "
+        "without lists.\nUser: Name three colours.\nAssistant:"
+    )
     finals: list[p.EosEvent] = []
     texts: list[str] = []
     done = threading.Event()
@@ -175,7 +179,8 @@ def conversation(overlap: bool) -> list[p.EosEvent]:
     c = Constraints(n_batch=256, tick_budget_ms=1000.0)
     engine = Engine(rt, BaselinePolicy(), c, sink, seed=1, prefix_cache_tokens=2048,
                     prefix_cache_slots=2, overlap=overlap)  # fmt: skip
-    engine.submit(Submission((1, "t1"), greedy("t1", first, max_tokens=12), rt.tokenize(first), 0))
+    turn = greedy("t1", first, max_tokens=12, stop=stop)
+    engine.submit(Submission((1, "t1"), turn, rt.tokenize(first), 0))
     engine.start()
     try:
         assert done.wait(120), finals
@@ -183,16 +188,21 @@ def conversation(overlap: bool) -> list[p.EosEvent]:
         engine.stop("test over")
         engine.join(10)
         rt.close()
-    return finals
+    return finals, "".join(texts)
 
 
-def test_a_conversation_turn_reuses_its_history_with_a_tick_in_flight() -> None:
+@pytest.mark.parametrize("stop", [None, "User"])
+def test_a_conversation_turn_reuses_its_history_with_a_tick_in_flight(stop: str | None) -> None:
     """The next turn finds the first turn's prompt and answer in the prefix cache, which the
-    first stored while later ticks were in flight, and answers as without overlap."""
-    got, want = conversation(True), conversation(False)
+    first stored while later ticks were in flight, and answers as without overlap; also when
+    a stop string ended the first turn (found while the next tick computed with its token,
+    which the stored KV then holds)."""
+    (got, got_text), (want, want_text) = conversation(True, stop), conversation(False, stop)
+    assert got[0].reason == ("stop" if stop else "length")
     assert got[1].usage.cached_tokens > got[0].usage.prompt_tokens
     assert got[1].usage.cached_tokens == want[1].usage.cached_tokens
     assert [e.usage.completion_tokens for e in got] == [e.usage.completion_tokens for e in want]
+    assert got_text == want_text
 
 
 def test_a_launch_thread_takes_the_engine_threads_niceness() -> None:

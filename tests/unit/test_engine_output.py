@@ -27,8 +27,11 @@ def run(s: Sequence, tokens: list[int]) -> tuple[list[p.Event], list[str | None]
     m = EngineMetrics()
     out_step, out, ends = Output(EogRuntime(), m), [], []  # type: ignore[arg-type]
     for i, t in enumerate(tokens):
-        ends.append(out_step.token(s, t, None, now=(i + 1) * 1_000_000, out=out))
-        if ends[-1] is not None:
+        end = out_step.take(s, t, None, now=(i + 1) * 1_000_000, out=out)
+        if end is None:  # the engine launches the next tick, then flushes
+            end = next((reason for _, reason in out_step.flush(out)), None)
+        ends.append(end)
+        if end is not None:
             break
     assert all(conn == 7 for conn, _ in out)
     return [e for _, e in out], ends, m
@@ -51,6 +54,20 @@ def test_a_stop_string_ends_the_request_and_its_text_is_held_back() -> None:
     assert ends == [None, None, "stop"]
     assert "".join(e.text for e in events if isinstance(e, p.TokenEvent)) == "<4>"
     assert isinstance(events[-1], p.EosEvent) and events[-1].reason == "stop"
+    # found after the next tick was launched with it: its KV holds the token
+    assert s.next_token == 6 and s.out == [4, 5, 6]
+
+
+def test_a_token_waits_for_the_flush_unless_it_is_the_first_or_ends_the_request() -> None:
+    s, out = seq(max_tokens=3), []
+    step = Output(EogRuntime(), EngineMetrics())  # type: ignore[arg-type]
+    assert step.take(s, 4, None, 1, out) is None and len(out) == 1  # the first: at once
+    assert step.take(s, 5, None, 2, out) is None and len(out) == 1  # waits
+    assert s.next_token == 5 and s.out == [4] and s.generated == 1
+    assert step.flush(out) == [] and [e.text for _, e in out] == ["<4>", "<5>"]
+    assert s.out == [4, 5] and s.generated == 2 and step.flush(out) == []
+    assert step.take(s, 6, None, 3, out) == "length"  # an end: at once, with its text
+    assert [type(e) for _, e in out][-2:] == [p.TokenEvent, p.EosEvent]
 
 
 def test_end_of_generation_stops_unless_ignored() -> None:

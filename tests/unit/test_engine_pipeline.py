@@ -93,8 +93,9 @@ def test_the_next_tick_is_planned_while_the_device_computes_the_one_in_flight() 
 
 
 def test_a_sequence_the_tick_in_flight_ends_is_not_in_the_next_batch() -> None:
-    """A stop string in tick N's token ends the request; tick N+1, planned before that token
-    was known, runs without it, and the other stream goes on undisturbed."""
+    """A stop string in tick N's token ends the request once tick N+1 is launched with that
+    token (its text is made while N+1 computes): N+1's row for it is dropped, no tick after
+    carries it, and the other stream goes on undisturbed."""
     rt = Recording()
     events: list = []
     done = threading.Event()
@@ -110,10 +111,13 @@ def test_a_sequence_the_tick_in_flight_ends_is_not_in_the_next_batch() -> None:
     finals = {e.id: e for _, e in events if isinstance(e, p.EosEvent)}
     assert finals["s"].reason == "stop" and finals["g"].reason == "length"
     assert tokens_of(events, "g") == [5, 6, 7, 8, 9, 10, 1, 2]  # a 4-token prompt
-    # the stopped sequence decoded its tokens up to the stop's (4, 5) and none after it
+    # the stopped sequence decoded its tokens 4, 5 and the stop's 6, and none after it
     spans = [s for e in rt.log if e[0] == "decode" for s in e[1]]
     s_id = next(seq for seq, pos, n in spans if pos == 0 and n == len(PROMPT))
-    assert max(pos for seq, pos, _ in spans if seq == s_id) == len(PROMPT) + 1
+    assert max(pos for seq, pos, _ in spans if seq == s_id) == len(PROMPT) + 2
+    assert tokens_of(events, "s") == [4, 5, 6]  # the stop's token with its text held back
+    after = [e for _, e in events[[e for _, e in events].index(finals["s"]) :] if e.id == "s"]
+    assert after == [finals["s"]]  # nothing of the dropped row went out
 
 
 def test_a_cancel_while_a_tick_computes_leaves_its_id_to_the_next_request() -> None:
