@@ -67,12 +67,8 @@ class DeviceCandidates:
             all_ids, all_logits, out = bulk
             ids[:], logits[:] = all_ids[out, :k], all_logits[out, :k]
             return ids, logits
-        ids_at, logits_at, size, stride = (
-            ids.ctypes.data,
-            logits.ctypes.data,
-            k * 4,
-            self.n_vocab * 4,
-        )
+        ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
+        stride = self.n_vocab * 4
         # each row's place among the outputs: in order, when every output row is read
         every = n_outputs == len(rows) and rows == sorted(rows)
         places = range(len(rows)) if every else _output_rows(rows, outputs).tolist()
