@@ -16,8 +16,6 @@ from uma_serve.core.metrics import EngineMetrics
 from uma_serve.core.policy.work import BACKGROUND, INTERACTIVE
 from uma_serve.core.runtime.api import RuntimeApi
 
-EOG = "eog"  # an end-of-generation token: the request's end is "stop"
-
 
 class Output:
     def __init__(self, runtime: RuntimeApi, metrics: EngineMetrics) -> None:
@@ -35,12 +33,15 @@ class Output:
         end it brought, its final event made. Any other becomes the sequence's next token to
         decode, its text and events waiting for ``flush`` (after the next tick's launch, while
         the device computes it); returns None."""
-        end = self._end_of(seq, token)
-        if end is None and seq.first_token_ns is not None and seq.ngrams is None:
+        if self.runtime.is_eog(token) and not seq.request.ignore_eos:
+            self.end(seq, "stop", now, out, token=token)
+            return "stop"
+        last = self._last(seq)
+        if not last and seq.first_token_ns is not None and seq.ngrams is None:
             seq.next_token = token
             self.pending.append((seq, token, lp, now))
             return None
-        reason = self._token(seq, token, lp, now, out, end)
+        reason = self._token(seq, token, lp, now, out, last)
         if reason is None:
             seq.next_token = token
         return reason
@@ -51,20 +52,16 @@ class Output:
         pending, self.pending = self.pending, []
         ended = []
         for seq, token, lp, now in pending:
-            reason = self._token(seq, token, lp, now, out, None)
+            reason = self._token(seq, token, lp, now, out, last=False)
             if reason is not None:
                 seq.out.append(token)
                 ended.append((seq, reason))
         return ended
 
-    def _end_of(self, seq: Sequence, token: int) -> str | None:
-        """The end a token brings without its text: end of generation, the length."""
-        req = seq.request
-        if self.runtime.is_eog(token) and not req.ignore_eos:
-            return EOG
-        if seq.generated + 1 >= req.max_tokens or seq.n_past + 1 >= self.runtime.n_ctx_per_seq:
-            return "length"
-        return None
+    def _last(self, seq: Sequence) -> bool:
+        """Whether the sequence's next token is its last: its ``max_tokens``, the context."""
+        limit = seq.generated + 1 >= seq.request.max_tokens
+        return limit or seq.n_past + 1 >= self.runtime.n_ctx_per_seq
 
     def _token(
         self,
@@ -73,13 +70,11 @@ class Output:
         lp: p.Logprobs | None,
         now: int,
         out: list[Outgoing],
-        end: str | None,
+        last: bool,
     ) -> str | None:
-        """One token through the output step (``end``: ``_end_of``'s): its text, checked
-        against the stop strings, as events; the end it brought (its final event made)."""
-        if end == EOG:
-            self.end(seq, "stop", now, out, token=token)
-            return "stop"
+        """One token through the output step (``last``: it is the sequence's last): its
+        text, checked against the stop strings, as events; the end it brought (its final
+        event made)."""
         seq.generated += 1
         self._timing(seq, now)
         text = seq.text.push(self.runtime.piece(token))
@@ -87,7 +82,7 @@ class Output:
             _emit_text(seq, text, token, lp, out)
             self.end(seq, "stop", now, out)
             return "stop"
-        if end == "length":
+        if last:
             _emit_text(seq, text + seq.text.flush(), token, lp, out)
             self.end(seq, "length", now, out)
             return "length"
