@@ -94,7 +94,7 @@ def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
     from uma_serve.core.runtime import Span
 
     for s in range(rt.params.n_seq):
-        rt.set_device_top_k(s, form == "top-k")
+        rt.set_device_chain(s, rt.params.device_top_k if form == "top-k" else 0)
     for s in range(n):
         rt.seq_clear(s)
     group = max(1, rt.n_batch // len(prompt))

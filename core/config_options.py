@@ -188,8 +188,9 @@ class Config:
         "auto",
         "where each row's sampling candidates come from: numpy (the whole logits row, read on "
         "the host without a copy), backend-topk (a top-64 kept inside the decode graph; a "
-        "request that needs its whole row, e.g. with penalties, a grammar or logprobs, reads "
-        "it), auto (backend-topk when layers run on a GPU, else numpy: the faster in our "
+        "request that needs its whole row, e.g. with penalties or logprobs, reads it; a "
+        "grammar's request a top-16,384), auto (backend-topk when layers run on a GPU, else "
+        "numpy: the faster in our "
         "measurements, docs/BENCHMARKS.md); the chain after that is the same",
         "scheduler.sampler",
     )

@@ -167,8 +167,8 @@ class Scheduler:
         self.gauges.active_sessions = len(self.running)
 
     def _suits(self, seq: Sequence) -> Callable[[int], bool] | None:
-        """A constrained request takes a free id whose device top-k is off, others one whose
-        top-k is on, when there is one (sampling.py: each switch costs a graph reservation)."""
+        """A request takes a free id whose device chain is the one it needs, when there is one
+        (sampling.py: each switch costs a graph reservation)."""
         return self._sampler.suits(seq.request)
 
     def pin_prefix(self, tokens: list[int], kv_path: str | None) -> str:

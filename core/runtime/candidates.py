@@ -89,6 +89,27 @@ class DeviceCandidates:
                 logits[r, n:] = -np.inf
         return ids, logits
 
+    def read_all(
+        self, ctx: ll.llama_context_p, row: int, k: int, outputs: np.ndarray, n_outputs: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` candidates of one row whose sequence's top-k is ``k`` (a wider one than
+        the others'), copied: token ids and their logits, unsorted. Its logits lie at the
+        learned distance from its candidates, as ``read``'s rows' do."""
+        src_ids = _candidates_ith(ctx, row) or 0
+        place = int(_output_rows([row], outputs)[0])
+        key = (n_outputs, src_ids - place * self.n_vocab * 4)
+        offset = self._offsets.get(key)
+        if offset is None:  # a layout not met yet: the accessors, and its distance
+            n, src_logits = _count_ith(ctx, row), _logits_ith(ctx, row) or 0
+            if n == k and src_ids and src_logits:
+                self._learn(key, src_logits - src_ids)
+        else:
+            n, src_logits = k, src_ids + offset
+        ids, logits = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float32)
+        memmove(ids.ctypes.data, src_ids, n * 4)
+        memmove(logits.ctypes.data, src_logits, n * 4)
+        return ids, logits
+
     def buffers(
         self, ctx: ll.llama_context_p, rows: list[int], outputs: np.ndarray, n_outputs: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     from uma_serve.core.protocol import Sampling
 
 BANDS = (4.0, 8.0, 12.0, 16.0, 24.0)  # logits below the row's peak, checked band by band
+# a band's tokens from which those whose first byte the grammar refuses are ruled out first
+# (FirstChars: a check of the 256 one-byte tokens); fewer are checked as they are
+FILTER_FROM = 256
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+_apply = held(ll.llama_sampler_apply)
 
 
 _CHAR = 'char ::= [^"\\\\] |'
@@ -114,6 +118,14 @@ class Grammar:
         # they are all it allows, and they are rarely among the row's best
         self._eog = np.array(eog, dtype=np.int64)
         self._first_chars = first_chars
+        self._n_vocab = 0 if first_chars is None else len(first_chars.first)
+        self._one = ll.llama_token_data()
+        self._one_row = ll.llama_token_data_array(
+            data=ctypes.pointer(self._one), size=1, selected=-1, sorted=False
+        )
+        self._data = np.zeros(0, dtype=_TOKEN_DATA)
+        self._row = ll.llama_token_data_array(selected=-1, sorted=False)
+        self._row_ref = ctypes.byref(self._row)
 
     def free(self) -> None:
         if self._grammar is not None:
@@ -126,27 +138,42 @@ class Grammar:
     def accept(self, token: int) -> None:
         ll.llama_sampler_accept(self._grammar, token)
 
+    def allows_one(self, token: int) -> bool:
+        """Whether the grammar allows ``token`` now: the drawn token's check, with the GIL
+        held (a check of one token takes a few us; gil.py) and no arrays made."""
+        self._one.id, self._one.logit, self._one_row.size = token, 0.0, 1
+        _apply(self._grammar, ctypes.byref(self._one_row))
+        return math.isfinite(self._one.logit)
+
     def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        """The grammar's verdict on candidates: a bool mask of the allowed ones."""
-        data = np.empty(len(ids), dtype=_TOKEN_DATA)
-        data["id"], data["logit"], data["p"] = ids, logits, 0.0
-        arr = ll.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
-            size=len(ids),
-            selected=-1,
-            sorted=False,
-        )
-        ll.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        """The grammar's verdict on candidates: a bool mask of the allowed ones. Up to
+        FILTER_FROM tokens the check keeps the GIL (gil.py: ~0.1 us a token)."""
+        n = len(ids)
+        if len(self._data) < n:  # the array llama.cpp reads, kept for the next checks
+            self._data = np.zeros(max(n, 2 * len(self._data)), dtype=_TOKEN_DATA)
+            self._row.data = self._data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data))
+        data = self._data[:n]
+        data["id"], data["logit"] = ids, logits
+        self._row.size, self._row.selected = n, -1
+        (_apply if n <= FILTER_FROM else ll.llama_sampler_apply)(self._grammar, self._row_ref)
         return np.isfinite(data["logit"])
 
-    def allowed(self, logits: np.ndarray, p: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    def allowed(
+        self, logits: np.ndarray, p: Sampling, ids: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The allowed candidates among the row's best, in growing bands below its peak,
         until the band holds ``top_k`` allowed tokens (greedy: one; no top-k: the whole row),
         so they hold the allowed top-k exactly. EOG tokens are checked with the first band.
         A band is one comparison over the row (an exact top-n would be a partition of it:
         ten times the cost, and most of a constrained token's); of its tokens, only those
-        whose first byte the grammar may allow now are checked (FirstChars)."""
-        n = len(logits)
+        whose first byte the grammar may allow now are checked (FirstChars).
+
+        ``ids``: the row is only the device's best tokens (``logits[i]`` is token
+        ``ids[i]``'s). Where those settle the search, the result is the whole row's; where
+        they do not, it is the allowed tokens among them; where none is allowed, the allowed
+        end-of-generation token, else the allowed one-byte token of the lowest id (the model
+        ranks none of them: each lies below every candidate)."""
+        n = len(logits) if ids is None or self._first_chars is None else self._n_vocab
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
         # drop it; without min-p, all the unchecked tokens together would hold under 1e-4 of
@@ -155,26 +182,59 @@ class Grammar:
         cut = math.log(p.min_p) if p.min_p > 0.0 else temp * math.log(1e-4 / n)
         peak = float(logits.max())
         ok: list[np.ndarray] = []
-        cands, above = self._eog, math.inf
+        # positions in the row; EOG tokens first, where the row has them
+        cands, above = self._eog_positions(ids), math.inf
         starts = None  # which first bytes the grammar allows now
         for gap in (*BANDS, math.inf):
             floor = peak - gap  # every unchecked token is below it
             band = np.flatnonzero((logits >= floor) & (logits < above))  # the new ones
-            band = band[~np.isin(band, self._eog)]
-            if self._first_chars is not None:
+            tokens = band if ids is None else ids[band]
+            if self._first_chars is None:
+                keep = ~np.isin(tokens, self._eog)
+            elif starts is not None or len(band) > FILTER_FROM:
                 starts = self._starts() if starts is None else starts
-                band = band[starts[self._first_chars.first[band]]]
-            cands = np.concatenate([cands, band])
-            ok.append(cands[self.allows(cands, logits[cands])])
+                keep = starts[self._first_chars.first[tokens]]  # (never an EOG: checked apart)
+            else:
+                keep = self._first_chars.first[tokens] != FirstChars.EOG
+            cands = np.concatenate([cands, band[keep]])
+            of = cands if ids is None else ids[cands]
+            ok.append(cands[self.allows(of, logits[cands])])
             allowed = np.concatenate(ok)
             if gap == math.inf or int((logits[allowed] >= floor).sum()) >= need:
                 break
             if len(allowed) and floor < float(logits[allowed].max()) + cut:
                 break  # the unchecked tokens are all too unlikely to be drawn
             cands, above = np.empty(0, dtype=np.int64), floor
+        if ids is not None:
+            if not len(allowed):
+                token = self._unranked()
+                return np.array([token]), np.array([float(logits.min())], dtype=np.float32)
+            return ids[allowed], logits[allowed]
         if not len(allowed):  # nothing allowed: a broken grammar
             raise GrammarError("the grammar allows no token here")
         return allowed, logits[allowed]
+
+    def _eog_positions(self, ids: np.ndarray | None) -> np.ndarray:
+        """Where the EOG tokens lie in the row (a whole row: the tokens themselves; among
+        candidates, only those the grammar allows)."""
+        if ids is None:
+            return self._eog
+        ok = self._eog[self.allows(self._eog, np.zeros(len(self._eog), np.float32))]
+        return np.flatnonzero(np.isin(ids, ok)) if len(ok) else ok
+
+    def _unranked(self) -> int:
+        """An allowed token where the device's best tokens hold none: an end of generation,
+        else a one-byte token (the lowest id), else GrammarError."""
+        for tokens in (self._eog, self._single_bytes()):
+            if len(tokens):
+                ok = tokens[self.allows(tokens, np.zeros(len(tokens), np.float32))]
+                if len(ok):
+                    return int(ok.min()) if tokens is not self._eog else int(ok[0])
+        raise GrammarError("the grammar allows no token here")
+
+    def _single_bytes(self) -> np.ndarray:
+        fc = self._first_chars
+        return np.empty(0, np.int64) if fc is None else fc.single[fc.single >= 0]
 
     def _starts(self) -> np.ndarray:
         """Whether a token with each first byte (FirstChars.first) may be allowed now: one
@@ -182,7 +242,7 @@ class Grammar:
         fc = self._first_chars
         assert fc is not None
         starts = np.ones(FirstChars.EOG + 1, dtype=bool)
-        starts[FirstChars.EMPTY] = False
+        starts[FirstChars.EMPTY] = starts[FirstChars.EOG] = False  # EOGs: checked apart
         have = np.flatnonzero(fc.single >= 0)
         starts[have] = self.allows(fc.single[have], np.zeros(len(have), np.float32))
         return starts

@@ -25,8 +25,7 @@ from uma_serve.core.runtime.params import RuntimeParams, Span
 # ggml's CPU backend: "0" sends every K-quant matmul through the per-row kernel
 DETERMINISTIC_ENV = ("GGML_CPU_TILED_MM", "0")
 WARM_UP_TOKENS = 64  # a prompt-sized batch: the multi-token kernels load too
-# Architectures with llama.cpp's standard sliding window: a cell leaves its sequence's window
-# only once the sequence is n_swa positions past it, so its shadow tag may lag (below).
+# llama.cpp's standard sliding window: a cell leaves it n_swa positions on (shadow tags lag)
 STANDARD_SWA = frozenset({"gemma2", "gemma3", "gemma3n", "cohere2"})
 _logits_ith = held(ll.llama_get_logits_ith)  # read after the tick's synchronize (gil.py)
 _perf = held(ll.llama_perf_context)
@@ -363,13 +362,17 @@ class Runtime(KvMemory):
         return int(_perf(self.ctx).n_reused)
 
     @landed
-    def set_device_top_k(self, seq_id: int, on: bool) -> None:
-        """Detach a sequence's device top-k (for a request that needs its whole logits row:
-        the whole-row chain, so that only its row crosses to the host) or re-attach it; each
-        change costs one graph reservation at the next decode. A chain is attached once in
-        its life (llama.cpp initialises it for the graph then): each change makes a new one."""
+    def wide_candidates(self, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The device top-k of a row whose chain hands over ``k`` (however wide), copied."""
+        batch = self._batch
+        return self._candidates.read_all(self.ctx, row, k, batch.logits, batch.n_outputs)
+
+    @landed
+    def set_device_chain(self, seq_id: int, k: int) -> None:
+        """A sequence's device chain: a top-k of ``k``, 0 its whole row; a change costs a graph
+        reservation at the next decode, and is a new chain (llama.cpp sets one up for good)."""
         old = self._seq_chains[seq_id]
-        chain = top_k_chain(self.params.device_top_k) if on else whole_row_chain()
+        chain = top_k_chain(k) if k > 0 else whole_row_chain()
         self._seq_chains[seq_id] = chain
         ll.llama_set_sampler(self.ctx, seq_id, chain)
         if old is not None:

@@ -3,6 +3,7 @@ output is in the language."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,8 +11,8 @@ import pytest
 
 from uma_serve.core.config import default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
-from uma_serve.core.runtime.grammar import GrammarError, check_grammar
-from uma_serve.core.sampling import Row, Sampler, SamplerState
+from uma_serve.core.runtime.grammar import FirstChars, GrammarError, check_grammar
+from uma_serve.core.sampling import GRAMMAR_TOP_K, Row, Sampler, SamplerState
 
 from .helpers import gen
 
@@ -29,17 +30,22 @@ def runtime():
 
 def run(rt: Runtime, state: SamplerState, prompt: str, steps: int) -> tuple[str, bool]:
     """Decode until EOG or ``steps`` tokens; the text and whether it ended by EOG."""
-    sampler = Sampler(rt)
     rt.seq_clear(0)
+    return run_on(rt, Sampler(rt), state, 0, prompt, steps)
+
+
+def run_on(
+    rt: Runtime, sampler: Sampler, state: SamplerState, seq_id: int, prompt: str, steps: int
+) -> tuple[str, bool]:
     tokens = rt.tokenize(prompt)
-    rc, rows = rt.decode([Span(0, 0, tokens, True)])
+    rc, rows = rt.decode([Span(seq_id, 0, tokens, True)])
     pos, out = len(tokens), b""
     for _ in range(steps):
         [(token, _)] = sampler.sample([Row(state, rows[0])])
         if rt.is_eog(token):
             return out.decode(), True
         out += rt.piece(token)
-        rc, rows = rt.decode([Span(0, pos, [token], True)])
+        rc, rows = rt.decode([Span(seq_id, pos, [token], True)])
         assert rc == 0
         pos += 1
     return out.decode(), False
@@ -88,7 +94,8 @@ def test_a_refused_token_is_drawn_again_from_the_allowed_ones(runtime) -> None:
 def test_the_allowed_candidates_are_the_whole_rows_allowed_best(runtime, min_p) -> None:
     """The grammar checks only the row's best tokens, band by band: along a JSON answer, what
     it allows is what masking the whole row allows, among the top-k and down to where the
-    chain could still draw one."""
+    chain could still draw one; and with min-p, searched among the row's best GRAMMAR_TOP_K
+    only (what the device hands over for it), the same."""
     from uma_serve.bench.grammar_mix import SCHEMA
     from uma_serve.core.runtime.grammar import json_schema_gbnf
 
@@ -96,6 +103,7 @@ def test_the_allowed_candidates_are_the_whole_rows_allowed_best(runtime, min_p) 
     req = gen(temperature=0.8, top_k=40, min_p=min_p, seed=3, grammar=json_schema_gbnf(SCHEMA))
     state = sampler.new(0, req, 0)
     assert state.grammar is not None
+    rng = np.random.default_rng(0)
     runtime.seq_clear(0)
     tokens = runtime.tokenize("Report the weather in Paris as JSON.\n")
     rc, rows = runtime.decode([Span(0, 0, tokens, True)])
@@ -103,6 +111,10 @@ def test_the_allowed_candidates_are_the_whole_rows_allowed_best(runtime, min_p) 
     for _ in range(24):
         row = np.array(runtime.logits_row(rows[0]))
         ids, logits = state.grammar.allowed(row.copy(), state.p)
+        if min_p:  # the device's best GRAMMAR_TOP_K in no order: the same allowed tokens
+            best_ids = rng.permutation(np.argpartition(-row, GRAMMAR_TOP_K)[:GRAMMAR_TOP_K])
+            wide = state.grammar.allowed(row[best_ids], state.p, best_ids)
+            assert sorted(zip(*wide, strict=True)) == sorted(zip(ids, logits, strict=True))
         whole = np.flatnonzero(state.grammar.allows(np.arange(len(row)), row))
         assert set(ids.tolist()) <= set(whole.tolist()) and np.array_equal(logits, row[ids])
         best = whole[np.argsort(-row[whole], kind="stable")][:40]
@@ -118,6 +130,58 @@ def test_the_allowed_candidates_are_the_whole_rows_allowed_best(runtime, min_p) 
         pos += 1
     state.free()
     assert refused  # the grammar overruled the model somewhere: the bands were searched
+
+
+def test_where_the_candidates_hold_no_allowed_token_an_allowed_one_is_taken(runtime) -> None:
+    """Candidates that hold no token the grammar allows (the device's best of a row, none of
+    them allowed): a one-byte token it allows, the lowest id; once the grammar is complete,
+    the end of generation."""
+    sampler = Sampler(runtime)
+    state = sampler.new(0, gen(temperature=0.8, grammar='root ::= [0-9] "]"'), 0)
+    g = state.grammar
+    assert g is not None
+    words = np.array(runtime.tokenize(" the capital of France", add_special=False))
+    logits = np.linspace(5.0, 1.0, len(words), dtype=np.float32)
+    ids, got = g.allowed(logits, state.p, words)
+    digits = [t for t in range(runtime.n_vocab) if runtime.piece(t) in b"0123456789"]
+    assert ids.tolist() == [min(t for t in digits if len(runtime.piece(t)) == 1)]
+    assert got[0] <= logits.min()
+    for token in runtime.tokenize("7]", add_special=False):
+        g.accept(token)
+    ids, _ = g.allowed(logits, state.p, words)
+    assert runtime.is_eog(int(ids[0]))
+    eog = runtime.eog_tokens[0]  # among the candidates: taken with its logit
+    ids, got = g.allowed(np.append(logits, 3.0), state.p, np.append(words, eog))
+    assert ids.tolist() == [eog] and got.tolist() == [3.0]
+    state.free()
+
+
+def test_a_grammar_row_from_the_device_draws_what_its_whole_row_draws() -> None:
+    """A constrained request's row on a runtime with a device top-k comes as its best
+    GRAMMAR_TOP_K (a wider chain than the others'): along JSON answers, sampled, the tokens
+    are those of the same request drawing from whole rows, refusals and all."""
+    from uma_serve.bench.grammar_mix import SCHEMA
+    from uma_serve.core.runtime.grammar import json_schema_gbnf
+
+    prompt = "Report the weather in Paris as JSON with city, unit, temperature and notes.\n"
+    params = RuntimeParams(default_model_path(), n_ctx=1024, n_seq=2, device_top_k=64)
+    answers = []
+    for k in (64, 0):
+        rt = Runtime(dataclasses.replace(params, device_top_k=k))
+        sampler, texts = Sampler(rt), []
+        for seed in (1, 2):
+            req = gen(temperature=0.8, seed=seed, grammar=json_schema_gbnf(SCHEMA))
+            state = sampler.new(1, req, 0)
+            sampler.apply()
+            assert state.device_k == (GRAMMAR_TOP_K if k else 0)
+            rt.seq_clear(1)
+            text, _ = run_on(rt, sampler, state, 1, prompt, 80)
+            texts.append(text)
+            sampler.release(state)
+        rt.close()
+        answers.append(texts)
+    assert answers[0] == answers[1]
+    assert all(json.loads(text) for text in answers[0])
 
 
 def test_a_bad_grammar_is_refused(runtime) -> None:
@@ -183,9 +247,10 @@ def test_a_first_byte_the_grammar_refuses_rules_out_only_refused_tokens(
     runtime, grammar, answer, most
 ) -> None:
     """A whole row's search skips the tokens whose first byte the grammar refuses now (one
-    check of the one-byte tokens): every token the grammar allows has a first byte that
-    passes, also where the next character is multi-byte UTF-8, and most tokens are ruled out
-    where the grammar allows little."""
+    check of the one-byte tokens): every token the grammar allows (but the end of generation,
+    which the search checks apart) has a first byte that passes, also where the next
+    character is multi-byte UTF-8, and most tokens are ruled out where the grammar allows
+    little."""
     from uma_serve.bench.grammar_mix import SCHEMA
     from uma_serve.core.runtime.grammar import json_schema_gbnf
 
@@ -197,6 +262,7 @@ def test_a_first_byte_the_grammar_refuses_rules_out_only_refused_tokens(
     ruled_out = []
     for token in runtime.tokenize(answer, add_special=False):
         allowed = g.allows(every, np.zeros(len(every), np.float32))
+        allowed &= g._first_chars.first != FirstChars.EOG  # checked apart, by the search
         passes = g._starts()[g._first_chars.first]
         assert passes[allowed].all(), [runtime.piece(int(t)) for t in every[allowed & ~passes]]
         ruled_out.append(1 - passes.mean())

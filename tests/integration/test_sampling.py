@@ -16,7 +16,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
 from uma_serve.core.draw import draw
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
-from uma_serve.core.sampling import SamplerState
+from uma_serve.core.sampling import SamplerState, needs_full_row
 
 from .helpers import gen, start_daemon
 
@@ -105,7 +105,7 @@ def test_sampled_with_logit_bias_matches_the_chain(runtime) -> None:
     params = only(temperature=0.8, top_k=40, top_p=0.95, seed=7, logit_bias=bias)
     n = 3000
     state = SamplerState(params, 0)
-    assert state.needs_full_row(64)  # a device top-k cannot stand in for a biased row
+    assert needs_full_row(params, 64)  # a device top-k cannot stand in for a biased row
     mine = [host_token(state, row.copy()) for _ in range(n)]
     theirs = []
     for i in range(n):
@@ -212,8 +212,9 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
     the device's top-64 (backend-topk: here the CPU backend's graph), fed the same requests in
     the same order (so their KV caches hold the same cells: llama.cpp's logits depend slightly
     on the cache layout, which would flip near-tie tokens between differently used daemons):
-    the same text, greedy, penalised and constrained by a grammar (backend-topk's whole-row
-    path, the sequence's device top-k detached), seeded sampled (one chain over either
+    the same text, greedy, penalised (backend-topk's whole-row path, the sequence's device
+    top-k detached) and constrained by a grammar (its wider device top-k searched where the
+    grammar refuses the model's draw), greedy and sampled; seeded sampled (one chain over either
     candidates), and with speculative verification (several rows of one sequence in a tick,
     on the repetitive prompt); and the same log-probabilities (a whole row the device hands
     over)."""
@@ -228,8 +229,10 @@ def test_daemon_tokens_same_from_either_source_of_candidates(tmp_path, policy: s
             gen("def fibonacci(n):", max_tokens=24, temperature=0.0, ignore_eos=True),
             gen("Once upon a time,", max_tokens=24, temperature=0.8, top_k=40, seed=11),
             gen("a b c d a b c d a b c d a b c d a b", max_tokens=24, temperature=0.0),
-            # a grammar's whole row (a whole-row chain where the device's top-k was)
+            # a grammar's row: the device's top GRAMMAR_TOP_K where its top-k was, searched
+            # where the grammar refuses the draw, as the host searches the whole row
             gen("A list of numbers:", max_tokens=24, temperature=0.0, grammar=NUMBERS),
+            gen("A list of numbers:", max_tokens=32, temperature=0.8, seed=5, grammar=NUMBERS),
         ]
         for req in requests:
             texts = []
@@ -350,7 +353,7 @@ def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
     params = RuntimeParams(default_model_path(), n_ctx=1024, n_seq=n_seq, device_top_k=64)
     rt, plain = Runtime(params), Runtime(dataclasses.replace(params, device_top_k=0))
     try:
-        rt.set_device_top_k(detached, False)
+        rt.set_device_chain(detached, 0)
         raw = np.ctypeslib.as_array(ll.llama_get_logits(rt.ctx), shape=(n_seq * rt.n_vocab,))
         ends = [0] * n_seq
         for tick in range(3):
@@ -367,7 +370,7 @@ def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
             assert np.isnan(raw).all(), f"tick {tick}: whole rows crossed to the host"
             ids, _ = rt.candidates([out[s] for s in range(n_seq) if s != detached])
             assert (ids >= 0).all()
-        rt.set_device_top_k(detached, True)  # re-attached: its row is a top-k again
+        rt.set_device_chain(detached, 64)  # re-attached: its row is a top-k again
         spans = [Span(s, ends[s], [400 + s], True) for s in range(n_seq)]
         assert rt.decode(spans)[0] == 0 and rt.synchronize() == 0
         assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, detached) == 64

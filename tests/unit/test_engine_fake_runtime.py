@@ -74,7 +74,10 @@ class FakeRuntime:
     def candidates(self, rows):
         raise NotImplementedError
 
-    def set_device_top_k(self, seq_id: int, on: bool) -> None:
+    def wide_candidates(self, row, k):
+        raise NotImplementedError
+
+    def set_device_chain(self, seq_id: int, k: int) -> None:
         raise NotImplementedError
 
     def grammar(self, text: str):

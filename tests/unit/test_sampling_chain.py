@@ -9,7 +9,7 @@ from host_row import only
 
 from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.protocol import Sampling
-from uma_serve.core.sampling import UNIFORM_BATCH, SamplerState
+from uma_serve.core.sampling import UNIFORM_BATCH, SamplerState, needs_full_row
 
 K = 64
 PARAMS = [
@@ -52,7 +52,7 @@ def test_a_batch_draws_what_each_row_draws_alone() -> None:
     assert len({draw([together[2]], *_rows(rng, 1))[0] for _ in range(50)}) > 1
 
 
-@pytest.mark.parametrize("params", [p for p in PARAMS if not SamplerState(p, 0).needs_full_row(K)])
+@pytest.mark.parametrize("params", [p for p in PARAMS if not needs_full_row(p, K)])
 def test_a_host_row_cut_to_candidates_draws_what_the_device_candidates_draw(
     params: Sampling,
 ) -> None:
@@ -143,8 +143,8 @@ class _DeviceTopK:
     def __init__(self) -> None:
         self.calls: list[tuple[int, bool]] = []
 
-    def set_device_top_k(self, seq_id: int, on: bool) -> None:
-        self.calls.append((seq_id, on))
+    def set_device_chain(self, seq_id: int, k: int) -> None:
+        self.calls.append((seq_id, k == K))
 
 
 def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device() -> None:
@@ -164,19 +164,19 @@ def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device()
         assert runtime.calls == []  # not before apply
     sampler.apply()
     assert runtime.calls == [(5, False)]
-    assert sampler.new(5, plain, 0).full_row is False
+    assert sampler.new(5, plain, 0).device_k == K
     sampler.apply()
     assert runtime.calls[-1] == (5, True)
     sampler.new(6, plain, 0)
     sampler.apply()
     assert len(runtime.calls) == 2  # an attached id stays as it is
-    assert sampler.new(6, p.Generate(id="c", prompt="x", logprobs=2), 0).full_row
+    assert sampler.new(6, p.Generate(id="c", prompt="x", logprobs=2), 0).device_k == 0
     sampler.apply()
     assert runtime.calls[-1] == (6, False)
     sampler.new(7, penalised, 0)
     sampler.new(7, plain, 0)  # detached, then attached again, before any launch
     sampler.apply()
-    assert len(runtime.calls) == 3 and 7 not in sampler.detached
+    assert len(runtime.calls) == 3 and 7 not in sampler.chains
 
 
 def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
@@ -202,7 +202,7 @@ def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
             running.append((seq, sampler.new(seq.seq_id, req, 0)))
         sampler.apply()
         for seq, state in running:
-            assert state.full_row == (seq.request is constrained)
+            assert (state.device_k == 0) == (seq.request is constrained)
             sampler.release(state)
             queue.release(seq.seq_id)
     assert len(runtime.calls) == 1 and runtime.calls[0][1] is False, runtime.calls
