@@ -9,8 +9,10 @@ its peak (4, 8, 12, 16, 24 logits, then all) until ``top_k`` of them pass (greed
 the top-k of the allowed tokens is what a whole-row mask would give, or until those not checked are
 all too unlikely to be drawn (under the best allowed token's by min-p's ratio, or together
 under 1e-4 of it without min-p): without that, a grammar allowing fewer than ``top_k``
-tokens (a quote, a brace) scans the whole row at every such step. The chain itself (bias,
-penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's, for every row.
+tokens (a quote, a brace) scans the whole row at every such step. On a GPU the row is the
+device's best GRAMMAR_TOP_K tokens (core/sampling.py), searched the same way. The chain
+itself (bias, penalties, top-k / top-p / min-p, temperature, the draw) is core/sampling.py's,
+for every row.
 """
 
 from __future__ import annotations
