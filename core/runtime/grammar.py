@@ -87,10 +87,13 @@ class FirstChars:
     def __init__(self, vocab: ll.llama_vocab_p) -> None:
         n = ll.llama_vocab_n_tokens(vocab)
         self.first = np.full(n, self.EMPTY, dtype=np.int16)
-        self.single = np.full(256, -1, dtype=np.int64)  # a token that is that one byte
+        # a token that is that one byte: a piece of the vocabulary's own rather than its
+        # byte-fallback token (<0x22> beside '"'), which models rank far below it
+        self.single = np.full(256, -1, dtype=np.int64)
         buf = ctypes.create_string_buffer(256)
         # quick calls that keep the GIL (gil.py): the loop runs 262,144 times
         to_piece, is_eog = held(ll.llama_token_to_piece), held(ll.llama_vocab_is_eog)
+        attr, BYTE = held(ll.llama_vocab_get_attr), ll.LLAMA_TOKEN_ATTR_BYTE
         for t in range(n):  # as llama.cpp's grammar reads a token: its text, special too
             k = to_piece(vocab, t, buf, 256, 0, True)
             if k < 0:
@@ -100,7 +103,7 @@ class FirstChars:
                 self.first[t] = self.EOG
             elif k > 0:
                 byte = self.first[t] = buf[0][0]
-                if k == 1 and self.single[byte] < 0:
+                if k == 1 and (self.single[byte] < 0 or attr(vocab, self.single[byte]) & BYTE):
                     self.single[byte] = t
 
 
@@ -173,8 +176,8 @@ class Grammar:
         ``ids``: the row is only the device's best tokens (``logits[i]`` is token
         ``ids[i]``'s). Where those settle the search, the result is the whole row's; where
         they do not, it is the allowed tokens among them; where none is allowed, the allowed
-        end-of-generation token, else the allowed one-byte token of the lowest id (the model
-        ranks none of them: each lies below every candidate)."""
+        end-of-generation token, else the allowed one-byte token of the lowest byte (the
+        model ranks none of them: each lies below every candidate)."""
         n = len(logits) if ids is None or self._first_chars is None else self._n_vocab
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
@@ -226,12 +229,12 @@ class Grammar:
 
     def _unranked(self) -> int:
         """An allowed token where the device's best tokens hold none: an end of generation,
-        else a one-byte token (the lowest id), else GrammarError."""
+        else a one-byte token (the lowest byte), else GrammarError."""
         for tokens in (self._eog, self._single_bytes()):
             if len(tokens):
                 ok = tokens[self.allows(tokens, np.zeros(len(tokens), np.float32))]
                 if len(ok):
-                    return int(ok.min()) if tokens is not self._eog else int(ok[0])
+                    return int(ok[0])
         raise GrammarError("the grammar allows no token here")
 
     def _single_bytes(self) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import llama_cpp as ll
 import numpy as np
 import pytest
 
@@ -134,8 +135,9 @@ def test_the_allowed_candidates_are_the_whole_rows_allowed_best(runtime, min_p) 
 
 def test_where_the_candidates_hold_no_allowed_token_an_allowed_one_is_taken(runtime) -> None:
     """Candidates that hold no token the grammar allows (the device's best of a row, none of
-    them allowed): a one-byte token it allows, the lowest id; once the grammar is complete,
-    the end of generation."""
+    them allowed): a one-byte token it allows, the lowest byte, as the vocabulary's own piece
+    rather than its byte-fallback token; once the grammar is complete, the end of
+    generation."""
     sampler = Sampler(runtime)
     state = sampler.new(0, gen(temperature=0.8, grammar='root ::= [0-9] "]"'), 0)
     g = state.grammar
@@ -143,8 +145,9 @@ def test_where_the_candidates_hold_no_allowed_token_an_allowed_one_is_taken(runt
     words = np.array(runtime.tokenize(" the capital of France", add_special=False))
     logits = np.linspace(5.0, 1.0, len(words), dtype=np.float32)
     ids, got = g.allowed(logits, state.p, words)
-    digits = [t for t in range(runtime.n_vocab) if runtime.piece(t) in b"0123456789"]
-    assert ids.tolist() == [min(t for t in digits if len(runtime.piece(t)) == 1)]
+    assert runtime.piece(int(ids[0])) == b"0"  # the lowest byte, as the vocabulary's own piece
+    byte = ll.llama_vocab_get_attr(runtime.vocab, int(ids[0])) & ll.LLAMA_TOKEN_ATTR_BYTE
+    assert not byte
     assert got[0] <= logits.min()
     for token in runtime.tokenize("7]", add_special=False):
         g.accept(token)
@@ -156,12 +159,22 @@ def test_where_the_candidates_hold_no_allowed_token_an_allowed_one_is_taken(runt
     state.free()
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOL = {"name": "get_weather", "parameters": CITY}
+AGENT_PROMPT = (
+    "You can call get_weather with a city. Call it as <tool_call>{...}</tool_call>.\n"
+    "User: What is the weather in Paris?\nAssistant: "
+)
+
+
 def test_a_grammar_row_from_the_device_draws_what_its_whole_row_draws() -> None:
     """A constrained request's row on a runtime with a device top-k comes as its best
-    GRAMMAR_TOP_K (a wider chain than the others'): along JSON answers, sampled, the tokens
-    are those of the same request drawing from whole rows, refusals and all."""
+    GRAMMAR_TOP_K (a wider chain than the others'): along JSON answers and an agent's tool
+    call (tool_choice required), sampled, the tokens are those of the same request drawing
+    from whole rows, refusals and all."""
     from uma_serve.bench.grammar_mix import SCHEMA
     from uma_serve.core.runtime.grammar import json_schema_gbnf
+    from uma_serve.gateway import gbnf
 
     prompt = "Report the weather in Paris as JSON with city, unit, temperature and notes.\n"
     params = RuntimeParams(default_model_path(), n_ctx=1024, n_seq=2, device_top_k=64)
@@ -178,10 +191,18 @@ def test_a_grammar_row_from_the_device_draws_what_its_whole_row_draws() -> None:
             text, _ = run_on(rt, sampler, state, 1, prompt, 80)
             texts.append(text)
             sampler.release(state)
+        # an agent's turn under tool_choice required: a call, valid for the tool
+        req = gen(temperature=0.8, seed=5, grammar=gbnf.tool_call_grammar([TOOL], parallel=False))
+        state = sampler.new(1, req, 0)
+        sampler.apply()
+        rt.seq_clear(1)
+        texts.append(run_on(rt, sampler, state, 1, AGENT_PROMPT, 60)[0])
+        sampler.release(state)
         rt.close()
         answers.append(texts)
     assert answers[0] == answers[1]
-    assert all(json.loads(text) for text in answers[0])
+    assert all(json.loads(text) for text in answers[0][:2])
+    assert answers[0][2].endswith("</tool_call>")
 
 
 def test_a_bad_grammar_is_refused(runtime) -> None:
