@@ -37,8 +37,9 @@ from uma_serve.core.runtime.api import Constraint as Constraint, RuntimeApi
 PENALTY_LAST_N = 64  # tokens the penalties look back over (llama.cpp's default)
 # the device's candidates a grammar's row hands over: along grammar-mix's JSON answers (Gemma
 # 3 270M, T = 0.8) the grammar refused 79 of 245 draws, and the row's best 64 / 1,024 /
-# 4,096 tokens settled 49 / 71 / 77 of those searches as the whole row would (the deepest
-# allowed token ranked 7,650th); a whole row is 262,144 tokens, 1 MB to copy and pass over
+# 4,096 / 16,384 tokens settled 49 / 71 / 77 / 78 of those searches as the whole row would
+# (forced tool calls: 104 refusals, 90 settled by 16,384; docs/BENCHMARKS.md); a whole row
+# is 262,144 tokens, 1 MB to copy and pass over
 GRAMMAR_TOP_K = 16384
 UNIFORM_BATCH = 64  # a sequence's random draws made at once (core/draw.py takes one a token)
 # an impossible token's logprob, as OpenAI and vLLM give it (JSON has no -inf), and a NaN
