@@ -94,7 +94,9 @@ class DeviceCandidates:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` candidates of one row whose sequence's top-k is ``k`` (a wider one than
         the others'), copied: token ids and their logits, unsorted. Its logits lie at the
-        learned distance from its candidates, as ``read``'s rows' do."""
+        learned distance from its candidates, as ``read``'s rows' do (a vocabulary smaller
+        than ``k``: all of it)."""
+        k = min(k, self.n_vocab)
         src_ids = _candidates_ith(ctx, row) or 0
         place = int(_output_rows([row], outputs)[0])
         key = (n_outputs, src_ids - place * self.n_vocab * 4)

@@ -372,7 +372,7 @@ class Runtime(KvMemory):
         """A sequence's device chain: a top-k of ``k``, 0 its whole row; a change costs a graph
         reservation at the next decode, and is a new chain (llama.cpp sets one up for good)."""
         old = self._seq_chains[seq_id]
-        chain = top_k_chain(k) if k > 0 else whole_row_chain()
+        chain = top_k_chain(min(k, self.n_vocab)) if k > 0 else whole_row_chain()
         self._seq_chains[seq_id] = chain
         ll.llama_set_sampler(self.ctx, seq_id, chain)
         if old is not None:

@@ -16,7 +16,7 @@ from uma_serve.core import protocol as p
 from uma_serve.core.config import default_model_path
 from uma_serve.core.draw import draw
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
-from uma_serve.core.sampling import SamplerState, needs_full_row
+from uma_serve.core.sampling import GRAMMAR_TOP_K, SamplerState, needs_full_row
 
 from .helpers import gen, start_daemon
 
@@ -375,6 +375,44 @@ def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
         assert rt.decode(spans)[0] == 0 and rt.synchronize() == 0
         assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, detached) == 64
         assert ll.llama_get_sampled_logits_count_ith(rt.ctx, detached) == 64
+        # a grammar's wider top-k: read whole, the row's best tokens with their logits, as a
+        # runtime without device top-k has them
+        assert plain.decode(spans)[0] == 0 and plain.synchronize() == 0
+        ends = [sp.pos + len(sp.tokens) for sp in spans]
+        rt.set_device_chain(detached, GRAMMAR_TOP_K)
+        spans = [Span(s, ends[s], [500 + s], True) for s in range(n_seq)]
+        rc, out = rt.decode(spans)
+        assert rc == 0 and rt.synchronize() == 0 and plain.decode(spans) == (0, out)
+        _assert_best_of(rt.wide_candidates(out[detached], GRAMMAR_TOP_K),
+                        plain.logits_row(out[detached]), GRAMMAR_TOP_K)  # fmt: skip
+    finally:
+        rt.close()
+        plain.close()
+
+
+def _assert_best_of(wide: tuple[np.ndarray, np.ndarray], row: np.ndarray, n: int) -> None:
+    """``wide`` holds ``n`` distinct tokens, the row's best, with their logits."""
+    ids, logits = wide
+    assert len(ids) == n and len(set(ids.tolist())) == n
+    assert np.allclose(logits, row[ids], atol=1e-3)
+    assert np.allclose(np.sort(logits), np.sort(row)[-n:], atol=1e-3)
+
+
+def test_a_device_top_k_wider_than_the_vocabulary_hands_over_all_of_it() -> None:
+    """A model whose vocabulary is smaller than a grammar's top-k (SmolLM2's 49,152 here,
+    against a top-k asked of 60,000): llama.cpp would abort building the graph; the runtime
+    asks for the whole vocabulary instead, and reads all of it."""
+    from uma_serve.core.config import chat_model_path
+
+    params = RuntimeParams(chat_model_path(), n_ctx=512, n_seq=2, device_top_k=64)
+    rt, plain = Runtime(params), Runtime(dataclasses.replace(params, device_top_k=0))
+    try:
+        rt.set_device_chain(1, rt.n_vocab + 10_848)
+        spans = [Span(0, 0, [1, 100], True), Span(1, 0, [1, 200], True)]
+        rc, out = rt.decode(spans)
+        assert rc == 0 and rt.synchronize() == 0 and plain.decode(spans) == (0, out)
+        wide = rt.wide_candidates(out[1], rt.n_vocab + 10_848)
+        _assert_best_of(wide, plain.logits_row(out[1]), rt.n_vocab)
     finally:
         rt.close()
         plain.close()
