@@ -117,8 +117,7 @@ class Scheduler:
         """Idempotent: a request already finished or unknown is ignored."""
         now, out = time.monotonic_ns(), self.flush()
         for seq in [*self._queue.remove(match), *[s for s in self.running.values() if match(s)]]:
-            self._output.end(seq, "cancelled", now, out, detail)
-            self._retire(seq, "cancelled")
+            self._finish(seq, "cancelled", now, out, detail)
         self.gauges.waiting_sessions = len(self._queue)
         return out
 
@@ -363,6 +362,10 @@ class Scheduler:
         self._output.fail(seq, message, now, out)
         self._retire(seq, "error")
 
+    def _finish(self, seq: Sequence, why: str, now: int, out: list[Outgoing], detail: str) -> None:
+        self._output.end(seq, why, now, out, detail)
+        self._retire(seq, why)
+
     def _retire(self, seq: Sequence, reason: str) -> None:
         """A sequence that ended leaves the running set; its KV and id go at the next
         release (release_ended), its sampler now."""
@@ -390,8 +393,7 @@ class Scheduler:
         """End every request, waiting or running."""
         now, out = time.monotonic_ns(), self.flush()
         for seq in list(self._queue.waiting) + list(self.running.values()):
-            self._output.end(seq, reason, now, out, detail)
-            self._retire(seq, reason)
+            self._finish(seq, reason, now, out, detail)
         self.release_ended()
         self._queue.waiting.clear()
         self.gauges.waiting_sessions = 0

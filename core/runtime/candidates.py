@@ -68,21 +68,11 @@ class DeviceCandidates:
             ids[:], logits[:] = all_ids[out, :k], all_logits[out, :k]
             return ids, logits
         ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
-        stride = self.n_vocab * 4
         # each row's place among the outputs: in order, when every output row is read
         every = n_outputs == len(rows) and rows == sorted(rows)
         places = range(len(rows)) if every else _output_rows(rows, outputs).tolist()
         for r, row in enumerate(rows):
-            src_ids = _candidates_ith(ctx, row) or 0
-            key = (n_outputs, src_ids - places[r] * stride)
-            offset = self._offsets.get(key)
-            if offset is None:  # a layout not met yet: the accessors, and its distance
-                n = min(_count_ith(ctx, row), k)
-                src_logits = _logits_ith(ctx, row) or 0
-                if n == k and src_ids and src_logits:
-                    self._learn(key, src_logits - src_ids)
-            else:
-                n, src_logits = k, src_ids + offset
+            src_ids, src_logits, n = self._source(ctx, row, places[r], n_outputs, k)
             memmove(ids_at + r * size, src_ids, n * 4)
             memmove(logits_at + r * size, src_logits, n * 4)
             if n < k:
@@ -96,21 +86,28 @@ class DeviceCandidates:
         the others'), copied: token ids and their logits, unsorted. Its logits lie at the
         learned distance from its candidates, as ``read``'s rows' do (a vocabulary smaller
         than ``k``: all of it)."""
-        k = min(k, self.n_vocab)
-        src_ids = _candidates_ith(ctx, row) or 0
         place = int(_output_rows([row], outputs)[0])
-        key = (n_outputs, src_ids - place * self.n_vocab * 4)
-        offset = self._offsets.get(key)
-        if offset is None:  # a layout not met yet: the accessors, and its distance
-            n, src_logits = _count_ith(ctx, row), _logits_ith(ctx, row) or 0
-            if n == k and src_ids and src_logits:
-                self._learn(key, src_logits - src_ids)
-        else:
-            n, src_logits = k, src_ids + offset
+        src_ids, src_logits, n = self._source(ctx, row, place, n_outputs, min(k, self.n_vocab))
         ids, logits = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float32)
         memmove(ids.ctypes.data, src_ids, n * 4)
         memmove(logits.ctypes.data, src_logits, n * 4)
         return ids, logits
+
+    def _source(
+        self, ctx: ll.llama_context_p, row: int, place: int, n_outputs: int, k: int
+    ) -> tuple[int, int, int]:
+        """Where a row's candidates and their logits lie, and how many there are (``k`` at
+        most): the logits at the distance learned for the layout, else through the accessors
+        (learning it when the row holds ``k``). ``place``: the row's index among the outputs."""
+        src_ids = _candidates_ith(ctx, row) or 0
+        key = (n_outputs, src_ids - place * self.n_vocab * 4)
+        offset = self._offsets.get(key)
+        if offset is not None:
+            return src_ids, src_ids + offset, k
+        n, src_logits = min(_count_ith(ctx, row), k), _logits_ith(ctx, row) or 0
+        if n == k and src_ids and src_logits:
+            self._learn(key, src_logits - src_ids)
+        return src_ids, src_logits, n
 
     def buffers(
         self, ctx: ll.llama_context_p, rows: list[int], outputs: np.ndarray, n_outputs: int

@@ -123,11 +123,11 @@ class Grammar:
         # they are all it allows, and they are rarely among the row's best
         self._eog = np.array(eog, dtype=np.int64)
         self._first_chars = first_chars
-        self._n_vocab = 0 if first_chars is None else len(first_chars.first)
-        self._one = ll.llama_token_data()
+        self._one = ll.llama_token_data()  # the drawn token's check (allows_one)
         self._one_row = ll.llama_token_data_array(
             data=ctypes.pointer(self._one), size=1, selected=-1, sorted=False
         )
+        self._one_ref = ctypes.byref(self._one_row)
         self._data = np.zeros(0, dtype=_TOKEN_DATA)
         self._row = ll.llama_token_data_array(selected=-1, sorted=False)
         self._row_ref = ctypes.byref(self._row)
@@ -147,7 +147,7 @@ class Grammar:
         """Whether the grammar allows ``token`` now: the drawn token's check, with the GIL
         held (a check of one token takes a few us; gil.py) and no arrays made."""
         self._one.id, self._one.logit, self._one_row.size = token, 0.0, 1
-        _apply(self._grammar, ctypes.byref(self._one_row))
+        _apply(self._grammar, self._one_ref)
         return math.isfinite(self._one.logit)
 
     def allows(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -178,7 +178,8 @@ class Grammar:
         they do not, it is the allowed tokens among them; where none is allowed, the allowed
         end-of-generation token, else the allowed one-byte token of the lowest byte (the
         model ranks none of them: each lies below every candidate)."""
-        n = len(logits) if ids is None or self._first_chars is None else self._n_vocab
+        fc = self._first_chars  # a row of candidates: the vocabulary's size, where known
+        n = len(logits) if ids is None or fc is None else len(fc.first)
         need = 1 if p.temperature <= 0.0 else p.top_k if p.top_k > 0 else n
         # below the best allowed token by more than this, a token cannot be drawn: min-p would
         # drop it; without min-p, all the unchecked tokens together would hold under 1e-4 of

@@ -147,6 +147,26 @@ class _DeviceTopK:
         self.calls.append((seq_id, k == K))
 
 
+def test_each_request_gets_the_device_chain_its_draw_needs() -> None:
+    """Plain requests the device's top-k; a grammar's request the wider GRAMMAR_TOP_K, greedy
+    or with min-p (its search stays among them); its whole row where it samples without
+    min-p or top-k, or needs logprobs, penalties or a bias, as any such request does."""
+    from uma_serve.core import protocol as p
+    from uma_serve.core.sampling import GRAMMAR_TOP_K, device_chain
+
+    def chain(**fields) -> int:
+        return device_chain(p.Generate(id="a", prompt="x", **fields), K)
+
+    g = "root ::= [0-9]+"
+    assert chain() == K and chain(temperature=0.0, top_k=0) == K
+    assert chain(grammar=g) == GRAMMAR_TOP_K
+    assert chain(grammar=g, temperature=0.0, min_p=0.0, top_k=0) == GRAMMAR_TOP_K
+    assert chain(grammar=g, top_k=K + 1) == GRAMMAR_TOP_K and chain(top_k=K + 1) == 0
+    for whole in (dict(min_p=0.0), dict(top_k=0), dict(logprobs=1), dict(repeat_penalty=1.1),
+                  dict(logit_bias={5: 1.0})):  # fmt: skip
+        assert chain(grammar=g, **whole) == 0, whole
+
+
 def test_a_detached_sequence_stays_detached_until_a_request_can_use_the_device() -> None:
     """Each (de)tach costs a graph reservation: constrained requests one after another on one
     sequence id detach it once; a plain request there attaches it again, once. The changes
