@@ -12,8 +12,10 @@ A server's figure counts the time its prompts take; S_TG does not. So the ceilin
 given *with prompts*: the same B x TG tokens over llama-batched-bench's prompt and generation
 time together (T_PP + T_TG), its prompts as long as UMA Serve's were in the run (the servers
 run first). That is the work a server does for the same requests, done by llama.cpp alone.
-The first level runs twice and its first row is dropped: llama-batched-bench's first row pays
-for warming the device up (a lone stream's prompt ran at a quarter of its later speed).
+The first level runs twice and its first run is dropped, for llama-batched-bench and the
+servers alike: llama-batched-bench's first row pays for warming the device up (a lone
+stream's prompt ran at a quarter of its later speed), and a fresh server's first requests
+at a shape for building its graphs.
 
 The ceiling runs twice. By default llama-batched-bench gives each sequence its own KV stream:
 a tick's attention mask is then each stream's token against that stream's cells. UMA Serve,
@@ -35,6 +37,7 @@ from typing import NamedTuple
 from uma_serve.bench import common, peers_build, sweep
 from uma_serve.bench.report import RunDir, print_table
 from uma_serve.bench.servers import ServerShape, ServerUnavailable
+from uma_serve.bench.targets import Target
 
 NAME = "ceiling"
 # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
@@ -112,7 +115,13 @@ def run_ceiling(
 def run_server(server: str, args: argparse.Namespace, run: RunDir) -> dict:
     sub = RunDir(NAME, str(run.path / server))
     with common.open_target(args, sub.sub("logs"), kind=server) as target:
-        return asyncio.run(common._measure(sweep.measure, target, args, sub))
+        return asyncio.run(common._measure(measure, target, args, sub))
+
+
+async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
+    """The sweep's levels, after the first one once unmeasured (as llama-batched-bench's)."""
+    await sweep.warm_up(target, args)
+    return await sweep.measure(target, args, run)
 
 
 HEADER = ["streams", "ceiling tok/s", "ceiling -kvu tok/s", "with prompts tok/s",

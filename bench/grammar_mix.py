@@ -1,12 +1,15 @@
 """grammar-mix: what a grammar constraint costs the unconstrained streams beside it.
 
-Each round runs the same unconstrained streams three times: alone, beside a request asking
-the same thing without a grammar ("plain"), and beside the constrained request (a JSON-schema
-grammar, as response_format builds it: "mixed"); the side requests run one after another for
-as long as the streams last. Target: the streams' decode tokens/s mixed >= 95% of plain (the
-median of the rounds' ratios): what the constraint costs, apart from what any fourth
-request in the batch costs (``beside_over_alone``, reported). The constrained answers must
-parse.
+Each round runs the same unconstrained streams four times: alone, beside a request asking
+the same thing without a grammar ("plain", up to 120 tokens), beside the constrained request
+(a JSON-schema grammar, as response_format builds it: "mixed"), and beside the plain request
+again, each one as long as the constrained answer of the same seed ("matched"); the side
+requests run one after another for as long as the streams last. Target: the streams' decode
+tokens/s mixed >= 95% of plain (the median of the rounds' ratios): what the constraint
+costs, apart from what any fourth request in the batch costs (``beside_over_alone``,
+reported). A JSON answer is ~45 tokens against plain's 120, so a constrained request also
+brings a new request (its prompt, a changed batch) three times as often: mixed / matched
+is the constraint's cost without that. The constrained answers must parse.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ from uma_serve.bench.workloads import Workload
 from uma_serve.core.runtime.grammar import json_schema_gbnf
 
 NAME = "grammar-mix"
-KEY_METRICS = [("mixed_over_plain", "higher"), ("plain_tok_per_s", "higher")]
-PHASES = ("alone", "plain", "mixed")
+KEY_METRICS = [
+    ("mixed_over_plain", "higher"),
+    ("mixed_over_matched", "higher"),
+    ("plain_tok_per_s", "higher"),
+]
+PHASES = ("alone", "plain", "mixed", "matched")
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -52,17 +59,24 @@ def _decode_tps(r: RequestResult) -> float | None:
     return (r.n_tokens - 1) / ((r.token_ms[-1] - r.token_ms[0]) / 1e3)
 
 
-async def _streams(target: Target, specs: list[RequestSpec], side_spec: RequestSpec | None):
-    """The streams' results, and the side requests' results run beside them."""
+async def _streams(
+    target: Target,
+    specs: list[RequestSpec],
+    side_spec: RequestSpec | None,
+    lengths: list[int] | None = None,
+):
+    """The streams' results, and the side requests' results run beside them (``lengths``:
+    the i-th side request generates exactly ``lengths[i]`` tokens, cycling)."""
     done = asyncio.Event()
     side: list[RequestResult] = []
 
     async def beside() -> None:
         i = 0
         while not done.is_set():
+            n = side_spec.max_tokens if not lengths else lengths[i % len(lengths)]
             spec = RequestSpec(
-                side_spec.prompt, side_spec.max_tokens, seed=side_spec.seed + i,
-                ignore_eos=False, grammar=side_spec.grammar, tag=side_spec.tag,
+                side_spec.prompt, n, seed=side_spec.seed + i, ignore_eos=bool(lengths),
+                grammar=side_spec.grammar, tag=side_spec.tag,
             )  # fmt: skip
             side.append(await target.generate(spec))
             i += 1
@@ -85,25 +99,30 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         "alone": None,
         "plain": RequestSpec(ask, 120, seed=args.seed, tag="unconstrained"),
         "mixed": RequestSpec(ask, 120, seed=args.seed, grammar=grammar, tag="constrained"),
+        "matched": RequestSpec(ask, 120, seed=args.seed, tag="matched"),
     }
     tps_of: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    ratios, beside, side_all, failed = [], [], [], 0
+    ratios, matched, beside, side_all, failed = [], [], [], [], 0
     for r in range(rounds):
         specs = [
             RequestSpec(wl.chat_prompt(40), max_tokens, seed=args.seed + 100 * r + i, tag=f"s{i}")
             for i in range(args.streams)
         ]
-        per_phase = {}
+        per_phase, lengths = {}, []
         for phase in PHASES:
-            results, side = await _streams(target, specs, sides[phase])
+            results, side = await _streams(target, specs, sides[phase], lengths)
             failed += sum(not x.ok for x in results) + sum(not x.ok for x in side)
             tps = [t for t in map(_decode_tps, results) if t]
             per_phase[phase] = statistics.mean(tps) if tps else 0.0
             tps_of[phase].append(per_phase[phase])
-            side_all += [x for x in side if x.spec.tag == "constrained"]
+            if phase == "mixed":
+                side_all += side
+                lengths = [x.n_tokens for x in side if x.ok]
         if per_phase["plain"] and per_phase["alone"]:
             ratios.append(per_phase["mixed"] / per_phase["plain"])
             beside.append(per_phase["plain"] / per_phase["alone"])
+        if per_phase["matched"]:
+            matched.append(per_phase["mixed"] / per_phase["matched"])
     return {
         "rounds": rounds,
         "streams": args.streams,
@@ -111,8 +130,11 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         "alone_tok_per_s": statistics.median(tps_of["alone"]),
         "plain_tok_per_s": statistics.median(tps_of["plain"]),
         "mixed_tok_per_s": statistics.median(tps_of["mixed"]),
+        "matched_tok_per_s": statistics.median(tps_of["matched"]),
         "mixed_over_plain": statistics.median(ratios) if ratios else None,
         "ratios": ratios,
+        "mixed_over_matched": statistics.median(matched) if matched else None,
+        "matched_ratios": matched,
         "beside_over_alone": statistics.median(beside) if beside else None,
         **_constrained(side_all, failed),
     }

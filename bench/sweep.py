@@ -34,6 +34,18 @@ def levels_of(args: argparse.Namespace) -> list[int]:
     return [1, 2, 4] if args.quick else [1, 2, 4, 8, 16]
 
 
+async def warm_up(target: Target, args: argparse.Namespace) -> None:
+    """The first level's requests once, unmeasured, other prompts than the measured ones (no
+    prefix of theirs cached): a fresh server's first requests at a shape build its graphs (a
+    lone stream's first request on an H100 waited ~46 ms for its first token, 6-8 ms warm),
+    as llama-batched-bench's first row warms the device up and is dropped."""
+    c = levels_of(args)[0]
+    wl = Workload(args.seed + 1)
+    n = args.max_tokens or (16 if args.quick else 64)
+    specs = [RequestSpec(wl.chat_prompt(40), n, seed=args.seed + i, tag="warm") for i in range(c)]
+    await common.run_concurrent(target, specs, c, "warm-up")
+
+
 async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
     wl = Workload(args.seed)
     rounds = args.rounds or (1 if args.quick else 2)

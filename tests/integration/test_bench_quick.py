@@ -132,7 +132,8 @@ def test_bench_peers_quick(tmp_path: Path) -> None:
 
 
 def test_bench_grammar_mix_quick(tmp_path: Path) -> None:
-    """The constrained side requests' answers parse; the three phases are measured."""
+    """The constrained side requests' answers parse; the four phases are measured, the
+    matched one's side requests as long as the constrained answers."""
     out = tmp_path / "grammar-mix"
     proc = subprocess.run(
         [BENCH, "grammar-mix", "--quick", "--out", str(out)],
@@ -145,9 +146,10 @@ def test_bench_grammar_mix_quick(tmp_path: Path) -> None:
     assert summary["failed"] == 0, summary.get("errors")
     assert summary["constrained_requests"] > 0
     assert summary["constrained_parsed"] == summary["constrained_complete"] > 0
-    for key in ("alone_tok_per_s", "plain_tok_per_s", "mixed_tok_per_s"):
+    for key in ("alone_tok_per_s", "plain_tok_per_s", "mixed_tok_per_s", "matched_tok_per_s"):
         assert summary[key] > 0, key
     assert summary["mixed_over_plain"] > 0 and summary["beside_over_alone"] > 0
+    assert summary["mixed_over_matched"] > 0
 
 
 def test_bench_calibrate_writes_the_bandwidth_and_the_model_facts(tmp_path: Path) -> None:

@@ -79,3 +79,30 @@ def test_the_unified_ceiling_keeps_one_kv_buffer_as_uma_does() -> None:
     shape = ServerShape(model="m.gguf", n_ctx=131072, n_gpu_layers=-1)
     assert "-kvu" in batched_bench_args(shape, [64], 64, 128, unified=True)
     assert "-kvu" not in batched_bench_args(shape, [64], 64, 128)
+
+
+def test_a_server_runs_the_first_level_once_unmeasured_on_other_prompts(tmp_path) -> None:
+    """As llama-batched-bench's first row is dropped, a server's first level runs once before
+    the measured levels, with prompts none of the measured requests share."""
+    import asyncio
+
+    from uma_serve.bench import ceiling
+    from uma_serve.bench.report import RunDir
+    from uma_serve.bench.targets import RequestResult, RequestSpec, Target
+
+    class Recording(Target):
+        def __init__(self) -> None:
+            self.sent: list[RequestSpec] = []
+
+        async def generate(self, spec: RequestSpec, on_token=None) -> RequestResult:
+            self.sent.append(spec)
+            return RequestResult(spec, 0.0, token_ms=[1.0, 2.0], texts=["a", "b"])
+
+    target = Recording()
+    args = argparse.Namespace(levels="2,4", rounds=1, max_tokens=8, seed=0, quick=False)
+    out = asyncio.run(ceiling.measure(target, args, RunDir("ceiling", str(tmp_path))))
+    tags = [s.tag for s in target.sent]
+    assert tags == ["warm"] * 2 + ["c2"] * 2 + ["c4"] * 4
+    warm, measured = target.sent[:2], target.sent[2:]
+    assert not {s.prompt for s in warm} & {s.prompt for s in measured}
+    assert out["c2"]["requests"] == 2 and out["c4"]["requests"] == 4  # the warm-up uncounted
