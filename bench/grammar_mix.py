@@ -103,6 +103,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
     }
     tps_of: dict[str, list[float]] = {phase: [] for phase in PHASES}
     ratios, matched, beside, side_all, failed = [], [], [], [], 0
+    lengths_of: dict[str, list[int]] = {"constrained": [], "matched": []}
     for r in range(rounds):
         specs = [
             RequestSpec(wl.chat_prompt(40), max_tokens, seed=args.seed + 100 * r + i, tag=f"s{i}")
@@ -118,6 +119,9 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
             if phase == "mixed":
                 side_all += side
                 lengths = [x.n_tokens for x in side if x.ok]
+                lengths_of["constrained"] += lengths
+            if phase == "matched":
+                lengths_of["matched"] += [x.n_tokens for x in side if x.ok]
         if per_phase["plain"] and per_phase["alone"]:
             ratios.append(per_phase["mixed"] / per_phase["plain"])
             beside.append(per_phase["plain"] / per_phase["alone"])
@@ -135,6 +139,7 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         "ratios": ratios,
         "mixed_over_matched": statistics.median(matched) if matched else None,
         "matched_ratios": matched,
+        "side_lengths": lengths_of,  # the side requests' tokens: matched repeats constrained
         "beside_over_alone": statistics.median(beside) if beside else None,
         **_constrained(side_all, failed),
     }

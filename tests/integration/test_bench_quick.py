@@ -150,6 +150,8 @@ def test_bench_grammar_mix_quick(tmp_path: Path) -> None:
         assert summary[key] > 0, key
     assert summary["mixed_over_plain"] > 0 and summary["beside_over_alone"] > 0
     assert summary["mixed_over_matched"] > 0
+    lengths = summary["side_lengths"]
+    assert lengths["matched"] and set(lengths["matched"]) <= set(lengths["constrained"])
 
 
 def test_bench_calibrate_writes_the_bandwidth_and_the_model_facts(tmp_path: Path) -> None:
