@@ -25,15 +25,23 @@ from uma_serve.core import protocol as p
 PROMPT = "Write a long essay about the history of {topic}, with many details:"
 TICK_KEYS = ("decode_ms_ewma", "tick_overhead_ms_ewma", "served_decoders")
 TOPICS = ["bridges", "clocks", "maps", "ships", "paper", "glass", "music", "roads"]
+PROMPT_ROOM = 64  # a stream's cells beside its decoded tokens: its prompt (~16) and margin
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--n", type=int, default=4, help="concurrent streams (sequences)")
     ap.add_argument("--tokens", type=int, default=96, help="decode tokens per stream")
     ap.add_argument("--rounds", type=int, default=3, help="alternating bare/daemon rounds")
-    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--n-ctx", type=int, help="KV cells (default: room for every stream)")
     common.add_in_process(ap)
     ap.add_argument("--umad-arg", action="append", default=[], help="extra umad flag (repeatable)")
+
+
+def n_ctx_for(n: int, tokens: int) -> int:
+    """KV cells for n streams of ``tokens`` each (prompt and margin included: each of the
+    daemon's sequences may use n_ctx / n of them), at least 4096, a multiple of 1024."""
+    need = n * (tokens + PROMPT_ROOM)
+    return max(4096, -(-need // 1024) * 1024)
 
 
 def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) -> float:
@@ -54,7 +62,7 @@ def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) ->
     for start in range(0, n, group):
         ids = range(start, min(start + group, n))
         rc, rows = runtime.decode([Span(i, 0, prompts[i], True) for i in ids])
-        assert rc == 0
+        _check(rc, n)
         nxt += [greedy(row) for row in rows]
     pos = [len(x) for x in prompts]
     t0 = time.perf_counter()
@@ -62,7 +70,7 @@ def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) ->
         t1 = time.perf_counter()
         rc, rows = runtime.decode([Span(i, pos[i], [nxt[i]], True) for i in range(n)])
         t2 = time.perf_counter()
-        assert rc == 0
+        _check(rc, n)
         for i in range(n):
             pos[i] += 1
             nxt[i] = greedy(rows[i])
@@ -73,6 +81,12 @@ def bare_loop(runtime, n: int, tokens: int, ticks: list[float] | None = None) ->
     for seq in range(n):
         runtime.seq_clear(seq)
     return n * tokens / elapsed
+
+
+def _check(rc: int, n: int) -> None:
+    if rc != 0:
+        raise SystemExit(f"bench engine: llama_decode returned {rc} for {n} streams "
+                         "(1: no KV room; raise --n-ctx)")  # fmt: skip
 
 
 async def daemon_streams(
@@ -122,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from uma_serve.core.runtime import Runtime, RuntimeParams
 
     model = args.model or default_model_path()
+    args.n_ctx = args.n_ctx or n_ctx_for(args.n, max(args.tokens, 8))
     layout = dict(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_seq=args.n)
     runtime = Runtime(
         RuntimeParams(model, threads=args.threads, n_gpu_layers=args.n_gpu_layers, **layout)

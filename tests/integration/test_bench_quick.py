@@ -170,3 +170,21 @@ def test_bench_calibrate_writes_the_bandwidth_and_the_model_facts(tmp_path: Path
     assert summary["effective_gbs"] > 0
     assert summary["model_facts"]["weights_bytes"] > 0
     assert summary["model_facts"]["n_expert"] == 0  # Gemma 3 is dense
+
+
+def test_bench_engine_runs_32_streams_of_120_tokens_with_its_default_context(
+    tmp_path: Path,
+) -> None:
+    """`bench engine --n 32` sizes its KV for the streams it runs: with a fixed 4,096 cells,
+    32 streams of 120 tokens found no memory slot and the bare loop died on an assert."""
+    proc = subprocess.run(
+        [BENCH, "engine", "--n", "32", "--tokens", "120", "--rounds", "1",
+         "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    (path,) = tmp_path.glob("engine-*/summary.json")
+    summary = json.loads(path.read_text())
+    assert summary["n"] == 32 and summary["bare_median"] > 0 and summary["daemon_median"] > 0
