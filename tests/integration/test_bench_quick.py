@@ -157,16 +157,8 @@ def test_bench_grammar_mix_quick(tmp_path: Path) -> None:
 def test_bench_calibrate_writes_the_bandwidth_and_the_model_facts(tmp_path: Path) -> None:
     """`bench calibrate` (what --bmt-budget is set from), one short point on the embedded
     model: its summary holds the GB/s it prints and the model's facts the guard reads."""
-    proc = subprocess.run(
-        [BENCH, "calibrate", "--n-seq", "1", "--contexts", "64", "--ticks", "2",
-         "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    (path,) = tmp_path.glob("calibrate-*/summary.json")
-    summary = json.loads(path.read_text())
+    summary = run_in_process(tmp_path, "calibrate", "--n-seq", "1", "--contexts", "64",
+                             "--ticks", "2")  # fmt: skip
     assert summary["effective_gbs"] > 0
     assert summary["model_facts"]["weights_bytes"] > 0
     assert summary["model_facts"]["n_expert"] == 0  # Gemma 3 is dense
@@ -177,14 +169,18 @@ def test_bench_engine_runs_32_streams_of_120_tokens_with_its_default_context(
 ) -> None:
     """`bench engine --n 32` sizes its KV for the streams it runs: with a fixed 4,096 cells,
     32 streams of 120 tokens found no memory slot and the bare loop died on an assert."""
+    summary = run_in_process(tmp_path, "engine", "--n", "32", "--tokens", "120", "--rounds", "1")
+    assert summary["n"] == 32 and summary["bare_median"] > 0 and summary["daemon_median"] > 0
+
+
+def run_in_process(tmp_path: Path, scenario: str, *args: str) -> dict:
+    """A scenario that loads the model in-process: its run succeeds, its one summary."""
     proc = subprocess.run(
-        [BENCH, "engine", "--n", "32", "--tokens", "120", "--rounds", "1",
-         "--out", str(tmp_path)],
+        [BENCH, scenario, *args, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    (path,) = tmp_path.glob("engine-*/summary.json")
-    summary = json.loads(path.read_text())
-    assert summary["n"] == 32 and summary["bare_median"] > 0 and summary["daemon_median"] > 0
+    (path,) = tmp_path.glob(f"{scenario}-*/summary.json")
+    return json.loads(path.read_text())
