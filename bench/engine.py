@@ -200,6 +200,7 @@ def _summary(
     return {
         "scenario": "engine",
         "n": args.n,
+        "n_ctx": args.n_ctx,
         "tokens": args.tokens,
         "rounds": args.rounds,
         "bare_tokens_per_s": bare,

@@ -37,8 +37,9 @@ def levels_of(args: argparse.Namespace) -> list[int]:
 async def warm_up(target: Target, args: argparse.Namespace) -> None:
     """The first level's requests once, unmeasured, other prompts than the measured ones (no
     prefix of theirs cached): a fresh server's first requests at a shape build its graphs (a
-    lone stream's first request on an H100 waited ~46 ms for its first token, 6-8 ms warm),
-    as llama-batched-bench's first row warms the device up and is dropped."""
+    lone stream's first request on an H100 waited ~46 ms for its first token, later ones
+    10-14 ms through the gateway), as llama-batched-bench's first row warms the device up
+    and is dropped."""
     c = levels_of(args)[0]
     wl = Workload(args.seed + 1)
     n = args.max_tokens or (16 if args.quick else 64)

@@ -171,6 +171,7 @@ def test_bench_engine_runs_32_streams_of_120_tokens_with_its_default_context(
     32 streams of 120 tokens found no memory slot and the bare loop died on an assert."""
     summary = run_in_process(tmp_path, "engine", "--n", "32", "--tokens", "120", "--rounds", "1")
     assert summary["n"] == 32 and summary["bare_median"] > 0 and summary["daemon_median"] > 0
+    assert summary["n_ctx"] == 6144  # 32 x (120 + 64) = 5,888 cells, to a multiple of 1,024
 
 
 def run_in_process(tmp_path: Path, scenario: str, *args: str) -> dict:
