@@ -41,23 +41,23 @@ async def warm_up(target: Target, args: argparse.Namespace) -> None:
     10-14 ms through the gateway), as llama-batched-bench's first row warms the device up
     and is dropped."""
     c = levels_of(args)[0]
-    wl = Workload(args.seed + 1)
-    n = args.max_tokens or (16 if args.quick else 64)
-    specs = [RequestSpec(wl.chat_prompt(40), n, seed=args.seed + i, tag="warm") for i in range(c)]
+    specs = _specs(Workload(args.seed + 1), args, c, "warm")
     await common.run_concurrent(target, specs, c, "warm-up")
+
+
+def _specs(wl: Workload, args: argparse.Namespace, count: int, tag: str) -> list[RequestSpec]:
+    """``count`` requests of the level's kind: a chat prompt each, max_tokens as configured."""
+    n = args.max_tokens or (16 if args.quick else 64)
+    return [RequestSpec(wl.chat_prompt(40), n, seed=args.seed + i, tag=tag) for i in range(count)]
 
 
 async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict:
     wl = Workload(args.seed)
     rounds = args.rounds or (1 if args.quick else 2)
-    n = args.max_tokens or (16 if args.quick else 64)
     out: dict = {}
     rows, csv_rows, failed = [], [], 0
     for c in levels_of(args):
-        specs = [
-            RequestSpec(wl.chat_prompt(40), n, seed=args.seed + i, tag=f"c{c}")
-            for i in range(c * rounds)
-        ]
+        specs = _specs(wl, args, c * rounds, f"c{c}")
         results, dt = await common.run_concurrent(target, specs, c, f"concurrency {c}")
         s = common.summarize(results, dt).to_dict()
         out[f"c{c}"] = s
