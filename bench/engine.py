@@ -26,6 +26,7 @@ PROMPT = "Write a long essay about the history of {topic}, with many details:"
 TICK_KEYS = ("decode_ms_ewma", "tick_overhead_ms_ewma", "served_decoders")
 TOPICS = ["bridges", "clocks", "maps", "ships", "paper", "glass", "music", "roads"]
 PROMPT_ROOM = 64  # a stream's cells beside its decoded tokens: its prompt (~16) and margin
+WARM_TOKENS = 8  # each side's unmeasured first run, tokens a stream
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from uma_serve.core.runtime import Runtime, RuntimeParams
 
     model = args.model or default_model_path()
-    args.n_ctx = args.n_ctx or n_ctx_for(args.n, max(args.tokens, 8))
+    args.n_ctx = args.n_ctx or n_ctx_for(args.n, max(args.tokens, WARM_TOKENS))
     layout = dict(n_ctx=args.n_ctx, n_batch=512, n_ubatch=512, n_seq=args.n)
     runtime = Runtime(
         RuntimeParams(model, threads=args.threads, n_gpu_layers=args.n_gpu_layers, **layout)
@@ -144,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
     bare, daemon = [], []
     bare_ticks: list[tuple[float, float]] = []
     daemon_ticks: list[dict] = []
-    bare_loop(runtime, args.n, 8)  # warm-up
+    bare_loop(runtime, args.n, WARM_TOKENS)
     with BenchDaemon(*_umad_flags(args, model)) as d:
-        asyncio.run(daemon_streams(d.socket, args.n, 8))  # warm-up
+        asyncio.run(daemon_streams(d.socket, args.n, WARM_TOKENS))
         for r in range(args.rounds):
             bare.append(bare_loop(runtime, args.n, args.tokens, bare_ticks))
             daemon.append(asyncio.run(daemon_streams(d.socket, args.n, args.tokens, daemon_ticks)))

@@ -111,7 +111,8 @@ async def measure(target: Target, args: argparse.Namespace, run: RunDir) -> dict
         ]
         per_phase, lengths = {}, []
         for phase in PHASES:
-            results, side = await _streams(target, specs, sides[phase], lengths)
+            matching = lengths if phase == "matched" else None
+            results, side = await _streams(target, specs, sides[phase], matching)
             failed += sum(not x.ok for x in results) + sum(not x.ok for x in side)
             tps = [t for t in map(_decode_tps, results) if t]
             per_phase[phase] = statistics.mean(tps) if tps else 0.0
