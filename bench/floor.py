@@ -1,12 +1,15 @@
 """floor: a decode with nothing around it, the least a server on this llama.cpp takes a tick.
 
 N sequences decode one token a tick, launched and synchronized in a loop with UMA Serve's
-`Runtime` (no daemon, engine, sampling or socket), in three forms that differ only in what
-a decode outputs: the device's top-k (what umad reads on a GPU), every logits row copied to
-the host (what llama-batched-bench and a host sampler get), and no outputs (the projection
-onto the vocabulary skipped). The forms alternate, round by round. `ceiling` and `sweep`
-read against it: UMA Serve / floor is the server's own cost, floor / ceiling llama.cpp's and
-the cache layout's.
+`Runtime` (no daemon, engine or socket), in forms that differ only in what follows a decode:
+its outputs the device's top-k (what umad reads on a GPU), every logits row copied to the
+host (what llama-batched-bench and a host sampler get), or none (the projection onto the
+vocabulary skipped); or the device's top-k drawn by umad's `Sampler` as a request's defaults
+ask (T = 0.8, top-k 40, top-p 0.95, min-p 0.05: what every bench scenario sends) or greedy,
+each drawn token the sequence's next. The sampled forms are the least a server takes that
+samples on the host, as every server on llama.cpp does: the next decode needs the tokens.
+The forms alternate, round by round. `ceiling` and `sweep` read against it: UMA Serve /
+floor is the server's own cost, floor / ceiling llama.cpp's, the cache layout's and the draw's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from uma_serve.bench import common
 if TYPE_CHECKING:  # the runtime package loads llama.cpp: imported where it runs only
     from uma_serve.core.runtime import Runtime
 
-FORMS = ("top-k", "rows", "none")  # what each decode outputs (module docstring)
+FORMS = ("top-k", "rows", "none", "sampled", "greedy")  # what follows a decode (docstring)
+DRAWN = {"sampled": 0.8, "greedy": 0.0}  # the forms whose rows are drawn, at this temperature
 PROMPT_TOKENS = 12  # each sequence's prompt: short, so that attention costs little
 WARM_TICKS = 3  # untimed ticks after a form's switch (a graph reservation, a CUDA graph)
 
@@ -77,15 +81,37 @@ def _open_runtime(args: argparse.Namespace, model: str, n_seq: int) -> Runtime:
     )
 
 
-def tick(rt: Runtime, n: int, pos: int, form: str) -> list[int]:
-    """One token for each of sequences 0..n-1 at ``pos``: launched and synchronized; the
-    decode's output rows (-1 where it has none)."""
+def tick(rt: Runtime, n: int, pos: int, form: str, tokens: list[int] | None = None) -> list[int]:
+    """One token for each of sequences 0..n-1 at ``pos`` (``tokens``, else a fixed one each):
+    launched and synchronized; the decode's output rows (-1 where it has none)."""
     from uma_serve.core.runtime import Span
 
-    rows = rt.launch([Span(s, pos, [PROMPT_TOKENS + s], form != "none") for s in range(n)])
+    tokens = tokens or [PROMPT_TOKENS + s for s in range(n)]
+    rows = rt.launch([Span(s, pos, [tokens[s]], form != "none") for s in range(n)])
     rc = rt.synchronize()
     assert rc == 0, rc
     return rows
+
+
+class Draws:
+    """A drawn form's host sampling: umad's Sampler, each sequence's state (a request's
+    defaults at ``temperature``) and the tokens it drew last, the next decode's."""
+
+    def __init__(self, rt: Runtime, n: int, temperature: float) -> None:
+        from uma_serve.core import protocol as p
+        from uma_serve.core.sampling import Sampler
+
+        self.sampler = Sampler(rt)
+        req = p.Generate(id="floor", prompt="", temperature=temperature)
+        self.states = [self.sampler.new(s, req, default_seed=s) for s in range(n)]
+        self.sampler.apply()  # a --top-k under the request's 40: whole rows
+        self.tokens = [PROMPT_TOKENS + s for s in range(n)]
+
+    def draw(self, rows: list[int]) -> None:
+        from uma_serve.core.sampling import Row
+
+        picks = self.sampler.sample([Row(st, r) for st, r in zip(self.states, rows, strict=True)])
+        self.tokens = [token for token, _ in picks]
 
 
 def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
@@ -93,8 +119,9 @@ def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
     prefilled (as many as a batch holds at once); the first position to decode at."""
     from uma_serve.core.runtime import Span
 
+    top_k = rt.params.device_top_k if form in ("top-k", *DRAWN) else 0
     for s in range(rt.params.n_seq):
-        rt.set_device_chain(s, rt.params.device_top_k if form == "top-k" else 0)
+        rt.set_device_chain(s, top_k)
     for s in range(n):
         rt.seq_clear(s)
     group = max(1, rt.n_batch // len(prompt))
@@ -107,12 +134,14 @@ def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
 def time_form(rt: Runtime, n: int, form: str, prompt: list[int], ticks: int) -> float:
     """Milliseconds a tick of ``n`` sequences in ``form``, over ``ticks`` ticks."""
     pos = start_form(rt, n, form, prompt)
-    for _ in range(WARM_TICKS):
-        tick(rt, n, pos, form)
-        pos += 1
+    draws = Draws(rt, n, DRAWN[form]) if form in DRAWN else None
     t0 = time.perf_counter()
-    for _ in range(ticks):
-        tick(rt, n, pos, form)
+    for i in range(WARM_TICKS + ticks):
+        if i == WARM_TICKS:
+            t0 = time.perf_counter()
+        rows = tick(rt, n, pos, form, draws and draws.tokens)
+        if draws is not None:
+            draws.draw(rows)
         pos += 1
     return (time.perf_counter() - t0) / ticks * 1e3
 

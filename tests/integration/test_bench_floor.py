@@ -1,5 +1,6 @@
-"""`bench floor` on the embedded model: it runs end to end, and each of its three forms outputs
-what it says (the device's top-k, whole logits rows, nothing)."""
+"""`bench floor` on the embedded model: it runs end to end, and each of its forms outputs what
+it says (the device's top-k, whole logits rows, nothing; the top-k drawn as a request's defaults
+ask, or greedy, each drawn token the next decode's)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_floor_refuses_a_context_too_small(tmp_path: Path) -> None:
 def runtime() -> Iterator[Runtime]:
     rt = Runtime(
         RuntimeParams(
-            default_model_path(), n_ctx=1024, n_seq=3, device_top_k=16, max_outputs_per_seq=1
+            default_model_path(), n_ctx=1024, n_seq=3, device_top_k=64, max_outputs_per_seq=1
         )
     )
     yield rt
@@ -59,18 +60,28 @@ def runtime() -> Iterator[Runtime]:
 def test_each_form_outputs_what_it_says(runtime: Runtime, form: str) -> None:
     prompt = runtime.tokenize("The capital of France is")
     pos = floor.start_form(runtime, 3, form, prompt)
+    draws = floor.Draws(runtime, 3, floor.DRAWN[form]) if form in floor.DRAWN else None
     rows = floor.tick(runtime, 3, pos, form)
     if form == "none":
         assert rows == [-1, -1, -1]
         return
     assert sorted(rows) == [0, 1, 2]
     kept = [ll.llama_get_sampled_candidates_count_ith(runtime.ctx, row) for row in rows]
-    assert kept == ([16] * 3 if form == "top-k" else [0] * 3)  # the device's top-k ran or not
-    if form == "top-k":
+    top_k = form != "rows"
+    assert kept == ([64] * 3 if top_k else [0] * 3)  # the device's top-k ran or not
+    if top_k:
         ids, logits = runtime.candidates(rows)
-        assert ids.shape == (3, 16) and np.isfinite(logits).all()
+        assert ids.shape == (3, 64) and np.isfinite(logits).all()
         assert ((ids >= 0) & (ids < runtime.n_vocab)).all()
-    else:
+        ids, logits = ids.copy(), logits.copy()  # the draw reads the candidates again
+    if draws is not None:
+        draws.draw(rows)
+        for s, token in enumerate(draws.tokens):  # each row's own candidates, the chain's cut
+            order = ids[s][np.argsort(-logits[s], kind="stable")]
+            assert token in (order[:1] if form == "greedy" else order[:40]).tolist()
+        assert draws.tokens != [floor.PROMPT_TOKENS + s for s in range(3)]
+        assert floor.tick(runtime, 3, pos + 1, form, draws.tokens) == rows  # fed back
+    elif not top_k:
         for row in rows:
             full = runtime.logits_row(row)
             assert full.shape == (runtime.n_vocab,) and np.isfinite(full).all()
