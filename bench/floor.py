@@ -139,7 +139,7 @@ def time_form(rt: Runtime, n: int, form: str, prompt: list[int], ticks: int) -> 
     for i in range(WARM_TICKS + ticks):
         if i == WARM_TICKS:
             t0 = time.perf_counter()
-        rows = tick(rt, n, pos, form, draws and draws.tokens)
+        rows = tick(rt, n, pos, form, None if draws is None else draws.tokens)
         if draws is not None:
             draws.draw(rows)
         pos += 1
