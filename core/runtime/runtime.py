@@ -20,7 +20,7 @@ from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
 from uma_serve.core.runtime.launcher import Launcher
 from uma_serve.core.runtime.model_info import ModelInfo
-from uma_serve.core.runtime.params import RuntimeParams, Span
+from uma_serve.core.runtime.params import RuntimeParams, Span, shadows_needed
 
 # ggml's CPU backend: "0" sends every K-quant matmul through the per-row kernel
 DETERMINISTIC_ENV = ("GGML_CPU_TILED_MM", "0")
@@ -93,6 +93,7 @@ class Runtime(KvMemory):
         ll.llama_backend_init()
         self._owns_model = model_of is None
         self.model = self._load_model(path, params) if model_of is None else model_of.model
+        params = self.params = shadows_needed(params, ll.llama_model_n_swa(self.model))
         cparams = self._context_params(params)
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -390,9 +391,8 @@ class Runtime(KvMemory):
                 self._launcher.close()
             self._batch.free()
             ll.llama_free(self.ctx)
-            for chain in self._seq_chains:
-                if chain is not None:
-                    ll.llama_sampler_free(chain)
+            for chain in filter(None, self._seq_chains):
+                ll.llama_sampler_free(chain)
             if self._owns_model:
                 ll.llama_model_free(self.model)
             self.ctx = None

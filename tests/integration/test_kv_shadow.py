@@ -1,13 +1,15 @@
 """Shadow tags with the real model: llama.cpp's slot search hands a KV cell that belongs to
 ONE sequence to another once it lies a window (512 positions for Gemma 3) behind its
 sequence's last position, even with swa_full. The prefix cache needs those cells, so the
-runtime tags each sequence's cells with a second (shadow) id, every ``lag`` positions."""
+runtime tags each sequence's cells with a second (shadow) id, every ``lag`` positions. A model
+with no window needs no shadow, and gets none."""
 
 from __future__ import annotations
 
+import llama_cpp as ll
 import pytest
 
-from uma_serve.core.config import default_model_path
+from uma_serve.core.config import chat_model_path, default_model_path
 from uma_serve.core.runtime import Runtime, RuntimeParams, Span
 
 TEXT = "The lighthouse keeper logs the weather every morning at six. " * 200
@@ -38,10 +40,25 @@ def test_shadow_tags_keep_a_sequences_old_cells(shadow: bool) -> None:
     params = RuntimeParams(default_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=shadow)
     rt = Runtime(params)
     try:
+        assert ll.llama_n_seq_max(rt.ctx) == (8 if shadow else 4)
         first = _recycle(rt)
     finally:
         rt.close()
     assert (first == 0) if shadow else (first > 0)
+
+
+def test_a_model_with_no_window_needs_no_shadow() -> None:
+    """SmolLM2 has no sliding window: llama.cpp reuses only empty cells, so the runtime drops
+    the shadow ids it was asked for (half the ids each decode checks, one pass less a trim)
+    and sequence 0 still keeps every position."""
+    params = RuntimeParams(chat_model_path(), n_ctx=2048, n_seq=4, swa_full=True, shadow=True)
+    rt = Runtime(params)
+    try:
+        assert not rt.params.shadow and ll.llama_n_seq_max(rt.ctx) == 4
+        first = _recycle(rt)
+    finally:
+        rt.close()
+    assert first == 0
 
 
 def test_clear_frees_an_id_and_its_shadow_in_both_caches() -> None:
