@@ -221,7 +221,7 @@ def prefix_cache_size(c: Config) -> tuple[int, int]:
     attention mask (docs/MEMORY.md). The 2-core CPU's defaults: 4096 tokens, 8 entries."""
     auto_tokens = max(4096, c.n_ctx // 4)
     tokens = auto_tokens if c.prefix_cache_tokens == AUTO else c.prefix_cache_tokens
-    # every id has a shadow id (docs/MEMORY.md): 2 x (n_seq + slots) within llama.cpp's 256
+    # a windowed model's ids each have a shadow (docs/MEMORY.md): 2 x (n_seq + slots) <= 256
     auto_slots = max(min(max(8, c.n_seq), LLAMA_MAX_SEQ // 2 - c.n_seq), 0)
     slots = auto_slots if c.prefix_cache_slots == AUTO else c.prefix_cache_slots
     return tokens, slots

@@ -76,7 +76,8 @@ def runtime_params(config: cfg.Config, sampler: str, spec_draft: int) -> Runtime
         main_gpu=config.main_gpu,
         # reusing a cached prefix needs the SWA layers' KV of every position it covers;
         # deterministic: no cell may be recycled either (its request's cells stay in
-        # position order), and the cache's entries live on the host, not in the context
+        # position order), and the cache's entries live on the host, not in the context.
+        # A model with no window gets no shadows (the runtime drops them: nothing recycles)
         swa_full=prefix_cache or det,
         n_seq_cache=cache_slots if prefix_cache and not det else 0,
         shadow=prefix_cache or det,
