@@ -99,18 +99,17 @@ class Draws:
 
     def __init__(self, rt: Runtime, n: int, temperature: float) -> None:
         from uma_serve.core import protocol as p
-        from uma_serve.core.sampling import Sampler
+        from uma_serve.core.sampling import Row, Sampler
 
-        self.sampler = Sampler(rt)
+        self.sampler, self._row = Sampler(rt), Row  # imported here, not in the timed ticks
         req = p.Generate(id="floor", prompt="", temperature=temperature)
         self.states = [self.sampler.new(s, req, default_seed=s) for s in range(n)]
         self.sampler.apply()  # a --top-k under the request's 40: whole rows
         self.tokens = [PROMPT_TOKENS + s for s in range(n)]
 
     def draw(self, rows: list[int]) -> None:
-        from uma_serve.core.sampling import Row
-
-        picks = self.sampler.sample([Row(st, r) for st, r in zip(self.states, rows, strict=True)])
+        rows_ = [self._row(st, r) for st, r in zip(self.states, rows, strict=True)]
+        picks = self.sampler.sample(rows_)
         self.tokens = [token for token, _ in picks]
 
 

@@ -48,10 +48,8 @@ class RuntimeParams:
 def shadows_needed(params: RuntimeParams, n_swa: int) -> RuntimeParams:
     """``params`` with shadow ids only where they guard something: llama.cpp reuses a cell
     that holds data only once it lies outside its sequence's sliding window, so a model with
-    no window (``n_swa`` 0: SmolLM2, Llama, Qwen) needs none. Each would double the ids that
-    every decode checks and the passes over the cells of every trim and restore (SmolLM2 on
-    the 2-core CPU, 96 ids against 192: a decode's llama.cpp host work 112 against 133 us,
-    a trim 82 against 117 us)."""
+    no window (``n_swa`` 0: SmolLM2, Llama) needs none; each would double the ids every decode
+    checks and the passes of every trim and restore (docs/MEMORY.md)."""
     return replace(params, shadow=False) if params.shadow and n_swa <= 0 else params
 
 

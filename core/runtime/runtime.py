@@ -187,10 +187,10 @@ class Runtime(KvMemory):
         """How many decoded positions a sequence's shadow tag may trail by. Each tag is a
         ``seq_cp``, a pass over every KV cell (0.7 ms a 16-stream tick at 32k cells), so with
         a standard window the tags are added every ``lag`` positions: a cell is recycled only
-        once n_swa positions lie after it. Other windows: every decode; none: never."""
-        n_swa = ll.llama_model_n_swa(self.model)
-        if not params.shadow or n_swa <= 0:
+        once n_swa positions lie after it. Other windows: every decode; no shadows: never."""
+        if not params.shadow:
             return 1 << 30
+        n_swa = ll.llama_model_n_swa(self.model)
         if self.info.architecture not in STANDARD_SWA:
             return 1
         # within one decode the sequence may run n_batch - n_ubatch past its last tags

@@ -17,6 +17,7 @@ import pytest
 
 from uma_serve.clients import AsyncUmaClient
 from uma_serve.core import protocol as p
+from uma_serve.core.config import chat_model_path
 
 from .helpers import Daemon, gen, start_daemon
 
@@ -133,6 +134,26 @@ def test_later_request_reuses_the_prefix(cached: Daemon, plain: Daemon) -> None:
     assert reused > 512  # beyond the sliding window
     assert after["prefix_cache_resident_tokens"] > 0
     assert agree([warm], [complete(plain, SYS_A + QUESTIONS[1])])
+
+
+def test_a_model_with_no_window_reuses_a_prefix_right() -> None:
+    """SmolLM2 has no sliding window, so its runtime keeps no shadow ids (docs/MEMORY.md): a
+    request on a cached system prompt still answers as it does without the cache."""
+    model = chat_model_path()
+    with tempfile.TemporaryDirectory(prefix="uma-pcw-") as tmp:
+        for sub in ("c", "p"):
+            Path(tmp, sub).mkdir()
+        cached = _daemon(tmp + "/c", "--model", model)
+        plain = _daemon(tmp + "/p", "--model", model, "--prefix-cache-tokens", "0")
+        try:
+            complete(cached, SYS_A + QUESTIONS[0])  # warms the cache
+            before = cached.metrics()["prefix_cache_cached_tokens_total"]
+            warm = complete(cached, SYS_A + QUESTIONS[1])
+            assert cached.metrics()["prefix_cache_cached_tokens_total"] - before > 512
+            assert agree([warm], [complete(plain, SYS_A + QUESTIONS[1])])
+        finally:
+            cached.stop()
+            plain.stop()
 
 
 def test_four_concurrent_requests_share_the_prefix(cached: Daemon, plain: Daemon) -> None:
