@@ -8,6 +8,9 @@ vocabulary skipped); or the device's top-k drawn by umad's `Sampler` as a reques
 ask (T = 0.8, top-k 40, top-p 0.95, min-p 0.05: what every bench scenario sends) or greedy,
 each drawn token the sequence's next. The sampled forms are the least a server takes that
 samples on the host, as every server on llama.cpp does: the next decode needs the tokens.
+The `device` form draws inside the decode graph instead (each sequence's chain of llama.cpp's
+backend samplers at the same settings, its token read back and fed to the next decode): what
+a server drawing on the device would take.
 The forms alternate, round by round. `ceiling` and `sweep` read against it: UMA Serve /
 floor is the server's own cost, floor / ceiling llama.cpp's, the cache layout's and the draw's.
 """
@@ -26,8 +29,9 @@ from uma_serve.bench import common
 if TYPE_CHECKING:  # the runtime package loads llama.cpp: imported where it runs only
     from uma_serve.core.runtime import Runtime
 
-FORMS = ("top-k", "rows", "none", "sampled", "greedy")  # what follows a decode (docstring)
-DRAWN = {"sampled": 0.8, "greedy": 0.0}  # the forms whose rows are drawn, at this temperature
+FORMS = ("top-k", "rows", "none", "sampled", "greedy", "device")  # after a decode (docstring)
+DRAWN = {"sampled": 0.8, "greedy": 0.0}  # the forms drawn on the host, at this temperature
+DEVICE_TEMPERATURE = 0.8  # the device form's
 PROMPT_TOKENS = 12  # each sequence's prompt: short, so that attention costs little
 WARM_TICKS = 3  # untimed ticks after a form's switch (a graph reservation, a CUDA graph)
 
@@ -35,7 +39,7 @@ WARM_TICKS = 3  # untimed ticks after a form's switch (a graph reservation, a CU
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--levels", default="1,16", help="sequences decoding at once (default 1,16)")
     ap.add_argument("--ticks", type=int, default=150, help="timed ticks a round (default 150)")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of the three forms")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the forms")
     ap.add_argument("--top-k", type=int, default=64, help="the device's candidates a row")
     ap.add_argument("--n-ctx", type=int, default=32768)
     common.add_in_process(ap)
@@ -113,12 +117,44 @@ class Draws:
         self.tokens = [token for token, _ in picks]
 
 
+class DeviceDraws:
+    """The device form's draw: each sequence's device chain with the draw after its top-k
+    (top-p, min-p and temperature at a request's defaults, a draw seeded by its id), all in
+    the decode graph; each row's drawn token read back, the sequence's next. ``close`` gives
+    the sequences their top-k chains back."""
+
+    def __init__(self, rt: Runtime, n: int) -> None:
+        from uma_serve.core import protocol as p
+        from uma_serve.core.runtime.candidates import DeviceDraw
+
+        self.rt, self.n = rt, n
+        req = p.Generate(id="floor", prompt="", temperature=DEVICE_TEMPERATURE)
+        for s in range(n):  # the next decode reserves a graph
+            draw = DeviceDraw(req.top_p, req.min_p, req.temperature, seed=s)
+            rt.set_device_chain(s, req.top_k, draw)
+        self.tokens = [PROMPT_TOKENS + s for s in range(n)]
+
+    def draw(self, rows: list[int]) -> None:
+        self.tokens = [self.rt.sampled_token(row) for row in rows]
+
+    def close(self) -> None:
+        for s in range(self.n):
+            self.rt.set_device_chain(s, self.rt.params.device_top_k)
+
+
+def drawer(rt: Runtime, n: int, form: str) -> Draws | DeviceDraws | None:
+    """What draws a form's tokens (after ``start_form``): None for the forms not drawn."""
+    if form == "device":
+        return DeviceDraws(rt, n)
+    return Draws(rt, n, DRAWN[form]) if form in DRAWN else None
+
+
 def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
     """Sequences 0..n-1 emptied, their device top-k on or off as ``form`` says, prompts
     prefilled (as many as a batch holds at once); the first position to decode at."""
     from uma_serve.core.runtime import Span
 
-    top_k = rt.params.device_top_k if form in ("top-k", *DRAWN) else 0
+    top_k = rt.params.device_top_k if form in ("top-k", "device", *DRAWN) else 0
     for s in range(rt.params.n_seq):
         rt.set_device_chain(s, top_k)
     for s in range(n):
@@ -133,7 +169,7 @@ def start_form(rt: Runtime, n: int, form: str, prompt: list[int]) -> int:
 def time_form(rt: Runtime, n: int, form: str, prompt: list[int], ticks: int) -> float:
     """Milliseconds a tick of ``n`` sequences in ``form``, over ``ticks`` ticks."""
     pos = start_form(rt, n, form, prompt)
-    draws = Draws(rt, n, DRAWN[form]) if form in DRAWN else None
+    draws = drawer(rt, n, form)
     t0 = time.perf_counter()
     for i in range(WARM_TICKS + ticks):
         if i == WARM_TICKS:
@@ -142,7 +178,10 @@ def time_form(rt: Runtime, n: int, form: str, prompt: list[int], ticks: int) -> 
         if draws is not None:
             draws.draw(rows)
         pos += 1
-    return (time.perf_counter() - t0) / ticks * 1e3
+    ms = (time.perf_counter() - t0) / ticks * 1e3
+    if isinstance(draws, DeviceDraws):
+        draws.close()
+    return ms
 
 
 def _summary(args: argparse.Namespace, model: str, ms: dict[int, dict[str, list[float]]]) -> dict:

@@ -19,6 +19,7 @@ device has its sequence's top-k attached, so its count is ``k``.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import llama_cpp as ll
 import numpy as np
@@ -165,6 +166,32 @@ def whole_row_chain() -> ll.llama_sampler_p:
     llama.cpp's empty sampler). A sequence with no device sampler at all would make llama.cpp
     copy every output row of the decode to the host, not only its own (needs_raw_logits)."""
     return _chain_of(ll.llama_sampler_init_temp(1.0))
+
+
+class DeviceDraw(NamedTuple):
+    """The rest of a request's chain after its top-k, drawn inside the decode graph."""
+
+    top_p: float
+    min_p: float
+    temperature: float
+    seed: int
+
+
+def chain_for(k: int, draw: DeviceDraw | None = None) -> ll.llama_sampler_p | None:
+    """A sequence's device chain: a top-k of ``k`` (0: its whole row); with ``draw``, that
+    top-k, top-p, min-p, temperature and a seeded draw, all in the graph (llama.cpp's backend
+    samplers: slower than umad's host draw on an H100, bench floor's device form)."""
+    if draw is None:
+        return top_k_chain(k) if k > 0 else whole_row_chain()
+    chain = top_k_chain(k) if k > 0 else _chain_of(ll.llama_sampler_init_temp(1.0))
+    for sampler in (
+        ll.llama_sampler_init_top_p(draw.top_p, 1),
+        ll.llama_sampler_init_min_p(draw.min_p, 1),
+        ll.llama_sampler_init_temp(draw.temperature),
+        ll.llama_sampler_init_dist(draw.seed),
+    ):
+        ll.llama_sampler_chain_add(chain, sampler)
+    return chain
 
 
 def _chain_of(sampler: ll.llama_sampler_p) -> ll.llama_sampler_p:

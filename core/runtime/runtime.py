@@ -14,7 +14,7 @@ import llama_cpp as ll
 import numpy as np
 
 from uma_serve.core.runtime.batch import DecodeBatch
-from uma_serve.core.runtime.candidates import DeviceCandidates, top_k_chain, whole_row_chain
+from uma_serve.core.runtime.candidates import DeviceCandidates, DeviceDraw, chain_for, top_k_chain
 from uma_serve.core.runtime.gil import held
 from uma_serve.core.runtime.grammar import FirstChars, Grammar
 from uma_serve.core.runtime.kv_memory import KvMemory, landed
@@ -125,15 +125,9 @@ class Runtime(KvMemory):
         self._clean: set[int] = set()  # none known empty until cleared (kv_memory.py)
         self._candidates = DeviceCandidates(params.device_top_k, self.n_vocab)
         self.first_chars: FirstChars | None = None  # a grammar's table (grammar.py)
-        log.info(
-            "loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
-            self.model_name,
-            self.n_ctx,
-            self.n_ctx_per_seq,
-            params.n_seq,
-            params.n_batch,
-            self.threads,
-        )
+        log.info("loaded %s: n_ctx=%d (%d per sequence) n_seq=%d n_batch=%d threads=%d",
+                 self.model_name, self.n_ctx, self.n_ctx_per_seq, params.n_seq, params.n_batch,
+                 self.threads)  # fmt: skip
 
     def _load_model(self, path: Path, params: RuntimeParams) -> ll.llama_model_p:
         mparams = ll.llama_model_default_params()
@@ -369,15 +363,20 @@ class Runtime(KvMemory):
         return self._candidates.read_all(self.ctx, row, k, batch.logits, batch.n_outputs)
 
     @landed
-    def set_device_chain(self, seq_id: int, k: int) -> None:
-        """A sequence's device chain: a top-k of ``k``, 0 its whole row; a change costs a graph
-        reservation at the next decode, and is a new chain (llama.cpp sets one up for good)."""
+    def set_device_chain(self, seq_id: int, k: int, draw: DeviceDraw | None = None) -> None:
+        """A sequence's device chain: a top-k of ``k``, 0 its whole row (``draw``: and the draw
+        after it, its token read with ``sampled_token``); a change costs a graph reservation at
+        the next decode, and is a new chain (llama.cpp sets one up for good)."""
         old = self._seq_chains[seq_id]
-        chain = top_k_chain(min(k, self.n_vocab)) if k > 0 else whole_row_chain()
-        self._seq_chains[seq_id] = chain
+        chain = self._seq_chains[seq_id] = chain_for(min(k, self.n_vocab), draw)
         ll.llama_set_sampler(self.ctx, seq_id, chain)
         if old is not None:
             ll.llama_sampler_free(old)
+
+    @landed
+    def sampled_token(self, row: int) -> int:
+        """The token a batch row's device chain drew (``set_device_chain``'s ``draw``)."""
+        return int(ll.llama_get_sampled_token_ith(self.ctx, row))
 
     def grammar(self, text: str) -> Grammar:
         if self.first_chars is None:  # umad builds it at start-up, once for every context

@@ -60,12 +60,15 @@ def runtime() -> Iterator[Runtime]:
 def test_each_form_outputs_what_it_says(runtime: Runtime, form: str) -> None:
     prompt = runtime.tokenize("The capital of France is")
     pos = floor.start_form(runtime, 3, form, prompt)
-    draws = floor.Draws(runtime, 3, floor.DRAWN[form]) if form in floor.DRAWN else None
+    draws = floor.drawer(runtime, 3, form)
     rows = floor.tick(runtime, 3, pos, form)
     if form == "none":
         assert rows == [-1, -1, -1]
         return
     assert sorted(rows) == [0, 1, 2]
+    if isinstance(draws, floor.DeviceDraws):
+        check_device_draws(runtime, draws, rows, pos)
+        return
     kept = [ll.llama_get_sampled_candidates_count_ith(runtime.ctx, row) for row in rows]
     top_k = form != "rows"
     assert kept == ([64] * 3 if top_k else [0] * 3)  # the device's top-k ran or not
@@ -85,3 +88,20 @@ def test_each_form_outputs_what_it_says(runtime: Runtime, form: str) -> None:
         for row in rows:
             full = runtime.logits_row(row)
             assert full.shape == (runtime.n_vocab,) and np.isfinite(full).all()
+
+
+def check_device_draws(
+    runtime: Runtime, draws: floor.DeviceDraws, rows: list[int], pos: int
+) -> None:
+    """The device form: each row's token is one its chain kept (at most the request's top-k
+    of 40, min-p's cut), read back and fed to the next decode; the runtime's chains come back."""
+    draws.draw(rows)
+    for row, token in zip(rows, draws.tokens, strict=True):
+        n = ll.llama_get_sampled_candidates_count_ith(runtime.ctx, row)
+        kept = ll.llama_get_sampled_candidates_ith(runtime.ctx, row)[:n]
+        assert 0 < n <= 40 and token in kept
+    assert draws.tokens != [floor.PROMPT_TOKENS + s for s in range(3)]
+    assert floor.tick(runtime, 3, pos + 1, "device", draws.tokens) == rows  # fed back
+    draws.close()
+    rows = floor.tick(runtime, 3, pos + 2, "top-k")
+    assert [ll.llama_get_sampled_candidates_count_ith(runtime.ctx, r) for r in rows] == [64] * 3

@@ -124,6 +124,23 @@ def test_a_context_call_waits_for_the_launch_in_flight(runtime, threaded) -> Non
         rt.clear_all()
 
 
+def test_a_decodes_graph_reuse_is_counted_before_its_synchronize(runtime, threaded) -> None:
+    """The executor reads llama.cpp's graph-reuse count while the device computes: the count
+    after a launch returns, on the launch thread too, is already the decode's."""
+    for rt, on_thread in ((runtime, False), (threaded[1], True)):
+        rt.clear_all()
+        rt.launch([Span(0, 0, [5, 6, 7], True)], on_thread)
+        assert rt.synchronize() == 0
+        counts = []
+        for pos in (3, 4, 5):  # a token each: the graph of the one before
+            before = rt.graph_reuses()
+            rt.launch([Span(0, pos, [8], True)], on_thread)
+            counts.append(rt.graph_reuses() - before)
+            assert rt.synchronize() == 0
+        assert counts[1:] == [1, 1], counts
+        rt.clear_all()
+
+
 @pytest.mark.parametrize("launch_thread", [False, True])
 def test_a_tick_in_flight_ends_requests_by_stop_cancel_and_length(
     runtime, threaded, launch_thread: bool
