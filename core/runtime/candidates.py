@@ -178,12 +178,13 @@ class DeviceDraw(NamedTuple):
 
 
 def chain_for(k: int, draw: DeviceDraw | None = None) -> ll.llama_sampler_p | None:
-    """A sequence's device chain: a top-k of ``k`` (0: its whole row); with ``draw``, that
-    top-k, top-p, min-p, temperature and a seeded draw, all in the graph (llama.cpp's backend
-    samplers: slower than umad's host draw on an H100, bench floor's device form)."""
+    """A sequence's device chain: a top-k of ``k`` (0: its whole row); with ``draw``, then
+    top-p, min-p, temperature and a seeded draw, all in the graph (llama.cpp's backend
+    samplers: bench floor's device form; on an H100 as fast as umad's host draw for one row,
+    slower from 16 rows on, docs/BENCHMARKS.md)."""
+    chain = top_k_chain(k) if k > 0 else whole_row_chain()
     if draw is None:
-        return top_k_chain(k) if k > 0 else whole_row_chain()
-    chain = top_k_chain(k) if k > 0 else _chain_of(ll.llama_sampler_init_temp(1.0))
+        return chain
     for sampler in (
         ll.llama_sampler_init_top_p(draw.top_p, 1),
         ll.llama_sampler_init_min_p(draw.min_p, 1),
