@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the runtime package loads llama.cpp: imported where it runs
 
 FORMS = ("top-k", "rows", "none", "sampled", "greedy", "device")  # after a decode (docstring)
 DRAWN = {"sampled": 0.8, "greedy": 0.0}  # the forms drawn on the host, at this temperature
-DEVICE_TEMPERATURE = 0.8  # the device form's
 PROMPT_TOKENS = 12  # each sequence's prompt: short, so that attention costs little
 WARM_TICKS = 3  # untimed ticks after a form's switch (a graph reservation, a CUDA graph)
 
@@ -128,7 +127,7 @@ class DeviceDraws:
         from uma_serve.core.runtime.candidates import DeviceDraw
 
         self.rt, self.n = rt, n
-        req = p.Generate(id="floor", prompt="", temperature=DEVICE_TEMPERATURE)
+        req = p.Sampling(temperature=DRAWN["sampled"])  # the sampled form's settings
         for s in range(n):  # the next decode reserves a graph
             draw = DeviceDraw(req.top_p, req.min_p, req.temperature, seed=s)
             rt.set_device_chain(s, req.top_k, draw)
