@@ -2,27 +2,31 @@
 
 Greedy rows take their largest logit (the lowest id on a tie); the others go through top-k ->
 top-p -> min-p -> temperature and one draw from their own RNG along the row sorted by logit,
-with llama.cpp's maths (core/sampling.py turns a decode's rows into candidates). Rows are drawn
-together with one set of numpy calls: 16 rows cost what 5 cost one by one (the calls, not
-the data, are the cost, so reductions call the ufuncs' own ``reduce`` and ``accumulate``,
-which skip numpy's Python wrappers: a quarter of a tick's draw); up to ``ROW_BY_ROW`` rows
-(a lone stream's tick) are drawn one by one with a third of the calls, the same tokens.
+with llama.cpp's maths (core/sampling.py turns a decode's rows into candidates). Candidates
+(the device's top-k, a host row's cut) are drawn in C, one call a tick (draw.c: on an H100's
+host each numpy call costs ~5-10 us right after the device's wait, and the numpy draw made
+about ten a row). Whole rows in id order (a CPU's request with no top-k or top-p: 262,144
+logits a row) are drawn unsorted with numpy, whose vectorised maths is the faster there.
 """
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from uma_serve.core.native import library
 from uma_serve.core.runtime.gil import count
 
 NO_ID = np.iinfo(np.int32).max  # padding's id; never drawn (its logit is -inf)
-# rows drawn one by one rather than together: 2 rows 20 against 29 us, 3 rows 30 against 32,
-# 4 rows 40 against 34 (the 2-core CPU; on an H100 host a lone stream's tick gained ~0.1 ms)
-ROW_BY_ROW = 3
-# candidates a tick sorts with a stable sort at most (16 rows of 64: 13 against 17 us)
-STABLE_SORT_MAX = 1024
+
+_native = library(Path(__file__).parent, "_draw")[0].uma_draw  # keeps the GIL: it is short
+_native.restype = ctypes.c_int
+_native.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                    ctypes.c_void_p]  # fmt: skip
 
 
 class Chain(Protocol):
@@ -84,17 +88,40 @@ def _draw(
     rest: np.ndarray | None,
     by_id: bool,
 ) -> list[int]:
+    if not by_id:
+        return _draw_sorted(states, ids, logits, rest)
     greedy = [s.chain[3] <= 0.0 for s in states]  # temperature 0
     if all(greedy):
         return _argmax(ids, logits).tolist()
     if not any(greedy):
-        return _sample(states, ids, logits, rest, not by_id).tolist()
+        return _sample_unsorted(states, ids, logits).tolist()
     g = np.array(greedy)
     tokens = np.empty(len(states), dtype=np.int64)
     tokens[g] = _argmax(ids[g], logits[g])
     sampled = [s for s, gr in zip(states, greedy, strict=True) if not gr]
-    tokens[~g] = _sample(sampled, ids[~g], logits[~g], None if rest is None else rest[~g],
-                         not by_id)  # fmt: skip
+    tokens[~g] = _sample_unsorted(sampled, ids[~g], logits[~g])
+    return tokens.tolist()
+
+
+def _draw_sorted(
+    states: list[Chain], ids: np.ndarray, logits: np.ndarray, rest: np.ndarray | None
+) -> list[int]:
+    """draw.c's draw: top-k and top-p keep a prefix of the row sorted by logit (ties in
+    column order), min-p those within a ratio of the peak; then one inverse-CDF draw along the
+    row with the sequence's next uniform (a greedy row takes none)."""
+    chains = [s.chain for s in states]
+    uniforms = [s.uniform() if c[3] > 0.0 else 0.0 for s, c in zip(states, chains, strict=True)]
+    if ids.dtype != np.int32:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+    ids, logits = np.ascontiguousarray(ids), np.ascontiguousarray(logits, dtype=np.float32)
+    chain_at, uniform_at = np.array(chains, dtype=np.float64), np.array(uniforms)
+    tokens = np.empty(len(states), dtype=np.int64)
+    rest_at = None if rest is None else np.ascontiguousarray(rest, dtype=np.float64)
+    rows, width = logits.shape
+    if _native(rows, width, ids.ctypes.data, ids.dtype == np.int64, logits.ctypes.data,
+               chain_at.ctypes.data, None if rest_at is None else rest_at.ctypes.data,
+               uniform_at.ctypes.data, tokens.ctypes.data) != 0:  # fmt: skip
+        raise MemoryError("draw.c: no memory for a tick's draw")
     return tokens.tolist()
 
 
@@ -103,39 +130,18 @@ def _argmax(ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
     return np.minimum.reduce(np.where(tie, ids, NO_ID), axis=1)
 
 
-def _sample(
-    states: list[Chain],
-    ids: np.ndarray,
-    logits: np.ndarray,
-    rest: np.ndarray | None,
-    ordered: bool,
-) -> np.ndarray:
-    """top-k and top-p keep a prefix of the row sorted by logit, min-p those within a ratio
-    of the peak; then one inverse-CDF draw along the row. Written for few numpy calls: they,
-    not the data, are the cost (16 rows cost what 5 cost one by one)."""
+def _sample_unsorted(states: list[Chain], ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """Whole rows in id order (no top-k or top-p to apply): min-p keeps those within a ratio
+    of the peak, then one inverse-CDF draw along the row in id order. Written for few numpy
+    calls: they, not the data, are the cost."""
     rows, width = logits.shape
-    if rows <= ROW_BY_ROW and ordered:
-        rests = [0.0] * rows if rest is None else rest.tolist()
-        return np.array([_sample_row(s, ids[r], logits[r], rests[r]) for r, s in enumerate(states)])
-    top_k, log_min_p, top_p, temperature, nucleus = _columns(states)
-    col = count(width)
+    log_min_p, temperature = _columns(states)
     starts = count(rows)[:, None] * width  # each row's start in the flat arrays
-    if ordered:
-        # 1-D indexing: numpy lets the GIL go for a 2-D gather at any size (runtime/gil.py)
-        order = (descending(logits) + starts).ravel()
-        ids = ids.ravel()[order].reshape(rows, width)
-        logits = logits.ravel()[order].reshape(rows, width)
     cand = logits.astype(np.float64)
-    keep_k = col < top_k  # top-k (0 or none: the whole row)
     # ufuncs' own reduce and accumulate: ndarray.max, .sum and np.cumsum add Python layers
     peak = np.maximum.reduce(cand, axis=1, keepdims=True)
     cand -= peak  # the row's peak is 0
-    keep = keep_k & (cand >= log_min_p)  # min-p: p >= min_p * p_max
-    if nucleus:  # the first prefix of the top-k holding top_p of its mass
-        mass = np.add.accumulate(np.exp(cand) * keep_k, axis=1)
-        total = mass[:, -1:] if rest is None else mass[:, -1:] + rest[:, None]
-        keep &= col <= np.add.reduce(mass < top_p * total, axis=1, keepdims=True)
-    w = np.exp(cand / temperature) * keep
+    w = np.exp(cand / temperature) * (cand >= log_min_p)  # min-p: p >= min_p * p_max
     cw = np.add.accumulate(w, axis=1)
     u = np.array([s.uniform() for s in states])[:, None] * cw[:, -1:]
     pick = np.add.reduce(cw <= u, axis=1)
@@ -148,52 +154,14 @@ def _sample(
     return tokens
 
 
-def _columns(states: list[Chain]) -> tuple[Any, Any, Any, Any, bool]:
-    """The rows' chain parameters as (rows, 1) columns, or as numbers when every row has the
-    same ones (the usual tick: 16 rows' columns cost ~6 us); and whether any row has a top-p."""
-    chains = [s.chain for s in states]
-    nucleus = min(c[2] for c in chains) < 1.0
-    if chains.count(chains[0]) == len(chains):
-        return (*chains[0], nucleus)
-    top_k, log_min_p, top_p, temperature = np.array(chains).T[:, :, None]
-    return top_k, log_min_p, top_p, temperature, nucleus
-
-
-def _sample_row(state: Chain, ids: np.ndarray, logits: np.ndarray, rest: float) -> int:
-    """``_sample`` for one row: the same steps on the kept prefix, a third of the numpy
-    calls (11 against 25 us on the 2-core CPU), the same token."""
-    top_k, log_min_p, top_p, temperature = state.chain
-    order = (-logits).argsort(kind="stable")  # by logit, ties in column order
-    last = logits[order[-1]]
-    if last != last:  # a NaN (it sorts last): ``draw`` draws the row again
-        state.uniform()  # the draw ``_sample`` takes for the row before it flags it
-        return NO_ID
-    cand = logits[order[: min(top_k, len(order))]].astype(np.float64)
-    cand -= cand[0]
-    n = int(np.count_nonzero(cand >= log_min_p))
-    if not n:  # no finite peak (NaN or infinite logits): the row's first, as ``_sample``'s
-        return int(ids[order[0]])
-    if top_p < 1.0:
-        mass = np.add.accumulate(np.exp(cand))
-        n = min(n, int(np.count_nonzero(mass < top_p * (mass[-1] + rest))) + 1)
-    w = np.exp(cand[:n] / temperature)
-    cw = np.add.accumulate(w)
-    pick = int(np.count_nonzero(cw <= state.uniform() * cw[-1]))
-    if pick >= n:  # u rounded up to the total: the last kept token
-        pick = n - 1 - int(np.argmax(w[::-1] > 0))
-    return int(ids[order[pick]])
-
-
-def descending(logits: np.ndarray) -> np.ndarray:
-    """Each row's order by logit, largest first, ties in column order: a stable sort for a
-    small tick (4 x 64: 4 against 10 us), else a quicksort of unique integer keys (64 x 64:
-    39 against 89 us; float32 bits made monotonic, -0 as +0, the column in the low bits)."""
-    if logits.size <= STABLE_SORT_MAX:
-        return (-logits).argsort(axis=1, kind="stable")
-    bits = (logits + np.float32(0.0)).view(np.int32).astype(np.int64)
-    key = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ascending with the float
-    col_bits = max(int(logits.shape[1] - 1).bit_length(), 1)
-    return np.argsort(((-key) << col_bits) | count(logits.shape[1]), axis=1)
+def _columns(states: list[Chain]) -> tuple[Any, Any]:
+    """The rows' log min-p and temperature as (rows, 1) columns, or as numbers when every
+    row has the same ones (the usual tick)."""
+    pairs = [s.chain[1::2] for s in states]
+    if pairs.count(pairs[0]) == len(pairs):
+        return pairs[0]
+    log_min_p, temperature = np.array(pairs).T[:, :, None]
+    return log_min_p, temperature
 
 
 def stack(cands: list[Candidates]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -8,24 +8,14 @@ call on its context (``landed`` in kv_memory.py)."""
 from __future__ import annotations
 
 import ctypes
-from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
 
+from uma_serve.core.native import library
 
-def _library() -> tuple[Any, Any]:
-    """launch.c's library, as calls that keep the GIL and calls that release it."""
-    here = Path(__file__).parent
-    found = [here / f"_launch{s}" for s in EXTENSION_SUFFIXES if (here / f"_launch{s}").exists()]
-    if not found:
-        raise ImportError("uma_serve.core.runtime._launch is not built: reinstall the package")
-    path = str(found[0])
-    return ctypes.PyDLL(path), ctypes.CDLL(path)
-
-
-_HELD, _RELEASED = _library()
+_HELD, _RELEASED = library(Path(__file__).parent, "_launch")
 _HELD.uma_launch_batch_size.restype = ctypes.c_size_t
 assert _HELD.uma_launch_batch_size() == ctypes.sizeof(ll.llama_batch), "llama_batch changed"
 _HELD.uma_launch_new.argtypes, _HELD.uma_launch_new.restype = [ctypes.c_void_p], ctypes.c_void_p

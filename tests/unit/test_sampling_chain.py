@@ -3,6 +3,8 @@ cut to its candidates as the device's candidates, and the law a textbook chain g
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from host_row import only
@@ -228,18 +230,50 @@ def test_admission_gives_a_request_an_id_that_needs_no_switch() -> None:
     assert len(runtime.calls) == 1 and runtime.calls[0][1] is False, runtime.calls
 
 
-def test_descending_is_the_stable_order_by_logit() -> None:
-    """The draw's sort equals a stable sort by logit, largest first: ties keep their column
-    order, -0 ties with +0, -inf (padding) goes last."""
-    from uma_serve.core.draw import descending
+class _Fixed:
+    """A row's chain with given uniforms: the draw's arithmetic, checked against a plain one."""
 
+    def __init__(self, chain: tuple[float, float, float, float], uniforms: list[float]) -> None:
+        self.chain, self._uniforms = chain, uniforms[::-1]
+
+    def uniform(self) -> float:
+        return self._uniforms.pop()
+
+
+def _plain_draw(ids: np.ndarray, logits: np.ndarray, chain: tuple, u: float, rest: float) -> int:
+    """The chain written the plain way: a stable sort by logit (ties in column order, -0 as
+    +0), top-k, min-p, top-p over the top-k's mass and the rest, then the inverse CDF."""
+    top_k, log_min_p, top_p, temperature = chain
+    order = np.argsort(-logits.astype(np.float64), kind="stable")
+    x = logits[order[: int(min(top_k, len(order)))]].astype(np.float64) - float(logits.max())
+    n = int(np.count_nonzero(x >= log_min_p))
+    if top_p < 1.0:
+        mass = np.cumsum(np.exp(x))
+        n = min(n, int(np.count_nonzero(mass < top_p * (mass[-1] + rest))) + 1)
+    cw = np.cumsum(np.exp(x[:n] / temperature))
+    return int(ids[order[min(int(np.count_nonzero(cw <= u * cw[-1])), n - 1)]])
+
+
+def test_the_sorted_draw_is_the_plain_chains_arithmetic() -> None:
+    """draw.c against the chain written with numpy, row by row and together: ties (in column
+    order, not by id), -0 beside +0, -inf padding, every step of the chain, rest mass."""
     rng = np.random.default_rng(0)
-    for rows in [5] * 50 + [32] * 10:  # a small tick's stable sort, a large tick's keys
-        x = rng.standard_normal((rows, 64)).astype(np.float32)
-        x[rng.random((rows, 64)) < 0.3] = np.float32(1.5)  # ties
-        x[:, 5], x[:, 6], x[:, 7] = -0.0, 0.0, -np.inf
-        want = np.argsort(-x.astype(np.float64), axis=1, kind="stable")
-        assert (descending(x) == want).all()
+    chains = [(math.inf, -math.inf, 1.0, 0.8), (40, math.log(0.05), 0.95, 0.8),
+              (10, -math.inf, 1.0, 0.5), (math.inf, math.log(0.2), 0.9, 1.3),
+              (1, -math.inf, 1.0, 1.0), (64, -math.inf, 0.5, 2.0)]  # fmt: skip
+    for rows in (1, 3, 16):
+        for _ in range(40):
+            ids = np.stack([rng.permutation(262_144)[:K] for _ in range(rows)]).astype(np.int32)
+            x = (rng.standard_normal((rows, K)) * 2).astype(np.float32)
+            x[rng.random((rows, K)) < 0.3] = np.float32(1.5)  # ties
+            x[:, 5], x[:, 6], x[:, K - 3 :] = -0.0, 0.0, -np.inf
+            picked = [chains[i] for i in rng.integers(len(chains), size=rows)]
+            us, rest = rng.random(rows).tolist(), rng.random(rows) * 3
+            got = draw([_Fixed(c, [u]) for c, u in zip(picked, us, strict=True)], ids, x, rest)
+            want = [
+                _plain_draw(ids[r], x[r], picked[r], us[r], float(rest[r])) for r in range(rows)
+            ]
+            assert got == want
 
 
 def test_a_row_without_a_finite_peak_draws_as_in_a_batch() -> None:
