@@ -111,14 +111,13 @@ def _draw_sorted(
     row with the sequence's next uniform (a greedy row takes none)."""
     chains = [s.chain for s in states]
     uniforms = [s.uniform() if c[3] > 0.0 else 0.0 for s, c in zip(states, chains, strict=True)]
-    if ids.dtype != np.int32:
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-    ids, logits = np.ascontiguousarray(ids), np.ascontiguousarray(logits, dtype=np.float32)
+    ids = np.ascontiguousarray(ids, dtype=np.int32 if ids.dtype == np.int32 else np.int64)
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
     chain_at, uniform_at = np.array(chains, dtype=np.float64), np.array(uniforms)
     tokens = np.empty(len(states), dtype=np.int64)
     rest_at = None if rest is None else np.ascontiguousarray(rest, dtype=np.float64)
     rows, width = logits.shape
-    if _native(rows, width, ids.ctypes.data, ids.dtype == np.int64, logits.ctypes.data,
+    if _native(rows, width, ids.ctypes.data, ids.itemsize == 8, logits.ctypes.data,
                chain_at.ctypes.data, None if rest_at is None else rest_at.ctypes.data,
                uniform_at.ctypes.data, tokens.ctypes.data) != 0:  # fmt: skip
         raise MemoryError("draw.c: no memory for a tick's draw")
