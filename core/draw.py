@@ -111,6 +111,8 @@ def _draw_sorted(
     column order), min-p those within a ratio of the peak; then one inverse-CDF draw along the
     row with the sequence's next uniform (a greedy row takes none)."""
     rows, width = logits.shape
+    if not width:
+        raise ValueError("a row without candidates to draw from")
     chains = [s.chain for s in states]
     uniforms = [s.uniform() if c[3] > 0.0 else 0.0 for s, c in zip(states, chains, strict=True)]
     ids = np.ascontiguousarray(ids, dtype=np.int32 if ids.dtype == np.int32 else np.int64)

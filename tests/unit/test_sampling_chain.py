@@ -359,3 +359,10 @@ def test_a_greedy_host_row_with_a_nan_takes_its_largest_number() -> None:
         token = _host(SamplerState(only(temperature=0.0), 0), row.copy())
         assert token == int(np.where(np.isnan(row), -np.inf, row).argmax())
         assert _host(SamplerState(only(temperature=0.0), 0), np.full(1000, np.nan, np.float32)) == 0
+
+
+def test_a_row_without_candidates_is_an_error_not_a_token() -> None:
+    """draw.c reads a row's first candidate: an empty row raises instead (no id to give)."""
+    with pytest.raises(ValueError, match="without candidates"):
+        draw([SamplerState(only(temperature=0.8), 0)], np.zeros((1, 0), np.int32),
+             np.zeros((1, 0), np.float32))  # fmt: skip
