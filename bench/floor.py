@@ -119,14 +119,14 @@ class Draws:
 class DeviceDraws:
     """The device form's draw: each sequence's device chain with the draw after its top-k
     (top-p, min-p and temperature at a request's defaults, a draw seeded by its id), all in
-    the decode graph; each row's drawn token read back, the sequence's next. ``close`` gives
-    the sequences their top-k chains back."""
+    the decode graph; each row's drawn token read back, the sequence's next. The next form's
+    ``start_form`` gives every sequence its own chain back."""
 
     def __init__(self, rt: Runtime, n: int) -> None:
         from uma_serve.core import protocol as p
         from uma_serve.core.runtime.candidates import DeviceDraw
 
-        self.rt, self.n = rt, n
+        self.rt = rt
         req = p.Sampling(temperature=DRAWN["sampled"])  # the sampled form's settings
         for s in range(n):  # the next decode reserves a graph
             draw = DeviceDraw(req.top_p, req.min_p, req.temperature, seed=s)
@@ -135,10 +135,6 @@ class DeviceDraws:
 
     def draw(self, rows: list[int]) -> None:
         self.tokens = [self.rt.sampled_token(row) for row in rows]
-
-    def close(self) -> None:
-        for s in range(self.n):
-            self.rt.set_device_chain(s, self.rt.params.device_top_k)
 
 
 def drawer(rt: Runtime, n: int, form: str) -> Draws | DeviceDraws | None:
@@ -177,10 +173,7 @@ def time_form(rt: Runtime, n: int, form: str, prompt: list[int], ticks: int) -> 
         if draws is not None:
             draws.draw(rows)
         pos += 1
-    ms = (time.perf_counter() - t0) / ticks * 1e3
-    if isinstance(draws, DeviceDraws):
-        draws.close()
-    return ms
+    return (time.perf_counter() - t0) / ticks * 1e3
 
 
 def _summary(args: argparse.Namespace, model: str, ms: dict[int, dict[str, list[float]]]) -> dict:

@@ -67,7 +67,7 @@ def test_each_form_outputs_what_it_says(runtime: Runtime, form: str) -> None:
         return
     assert sorted(rows) == [0, 1, 2]
     if isinstance(draws, floor.DeviceDraws):
-        check_device_draws(runtime, draws, rows, pos)
+        check_device_draws(runtime, draws, rows, pos, prompt)
         return
     kept = [ll.llama_get_sampled_candidates_count_ith(runtime.ctx, row) for row in rows]
     top_k = form != "rows"
@@ -91,10 +91,11 @@ def test_each_form_outputs_what_it_says(runtime: Runtime, form: str) -> None:
 
 
 def check_device_draws(
-    runtime: Runtime, draws: floor.DeviceDraws, rows: list[int], pos: int
+    runtime: Runtime, draws: floor.DeviceDraws, rows: list[int], pos: int, prompt: list[int]
 ) -> None:
     """The device form: each row's token is one its chain kept (at most the request's top-k
-    of 40, min-p's cut), read back and fed to the next decode; the runtime's chains come back."""
+    of 40, min-p's cut), read back and fed to the next decode; the next form's start gives
+    the sequences their top-k chains back."""
     draws.draw(rows)
     for row, token in zip(rows, draws.tokens, strict=True):
         n = ll.llama_get_sampled_candidates_count_ith(runtime.ctx, row)
@@ -102,6 +103,6 @@ def check_device_draws(
         assert 0 < n <= 40 and token in kept
     assert draws.tokens != [floor.PROMPT_TOKENS + s for s in range(3)]
     assert floor.tick(runtime, 3, pos + 1, "device", draws.tokens) == rows  # fed back
-    draws.close()
-    rows = floor.tick(runtime, 3, pos + 2, "top-k")
+    pos = floor.start_form(runtime, 3, "top-k", prompt)
+    rows = floor.tick(runtime, 3, pos, "top-k")
     assert [ll.llama_get_sampled_candidates_count_ith(runtime.ctx, r) for r in rows] == [64] * 3
