@@ -341,6 +341,44 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
         rt.close()
 
 
+def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
+    """A decode's rows, each one token with its output, read all and in order (every tick of
+    plain decoding): the gather takes them as slices of llama.cpp's buffer, with no output
+    index computed (its numpy costs ~110 us right after a decode), and each row holds what
+    llama.cpp's per-row accessors give, tick after tick."""
+    import llama_cpp as ll
+
+    from uma_serve.core.runtime import candidates as cand
+    from uma_serve.core.runtime.candidates import BULK_ROWS
+
+    def no_index(*args):
+        raise AssertionError("the rows' output indices were computed")
+
+    n_seq = BULK_ROWS + 3
+    rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
+    real = cand._output_rows
+    try:
+        for tick in range(3):
+            spans = [Span(s, tick, [100 + 7 * s + tick], True) for s in range(n_seq)]
+            rc, rows = rt.decode(spans)
+            assert rc == 0 and rows == list(range(n_seq))
+            rt.synchronize()
+            cand._output_rows = no_index
+            try:
+                ids, logits = (a.copy() for a in rt.candidates(rows))
+            finally:
+                cand._output_rows = real
+            for i, row in enumerate(rows):
+                theirs_ids = np.ctypeslib.as_array(
+                    ll.llama_get_sampled_candidates_ith(rt.ctx, row), (64,)
+                )
+                theirs = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(rt.ctx, row), (64,))
+                assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), (tick, row)
+    finally:
+        cand._output_rows = real
+        rt.close()
+
+
 def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
     """A request that needs its whole logits row (a grammar, penalties, logprobs) has its
     sequence's device top-k detached. Its row must be the model's whole row, as a runtime
