@@ -356,18 +356,14 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
 
     n_seq = BULK_ROWS + 3
     rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
-    real = cand._output_rows
+    real, cand._output_rows = cand._output_rows, no_index
     try:
         for tick in range(3):
             spans = [Span(s, tick, [100 + 7 * s + tick], True) for s in range(n_seq)]
             rc, rows = rt.decode(spans)
             assert rc == 0 and rows == list(range(n_seq))
             rt.synchronize()
-            cand._output_rows = no_index
-            try:
-                ids, logits = (a.copy() for a in rt.candidates(rows))
-            finally:
-                cand._output_rows = real
+            ids, logits = (a.copy() for a in rt.candidates(rows))
             for i, row in enumerate(rows):
                 theirs_ids = np.ctypeslib.as_array(
                     ll.llama_get_sampled_candidates_ith(rt.ctx, row), (64,)
