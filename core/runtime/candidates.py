@@ -126,8 +126,9 @@ class DeviceCandidates:
         if len(rows) < BULK_ROWS:
             return None
         out: np.ndarray | slice
-        if every:
-            out, ends, first, last = slice(0, len(rows)), (0, len(rows) - 1), 0, len(rows) - 1
+        if every:  # the first and last rows are the first and last outputs
+            out, ends = slice(0, len(rows)), (0, len(rows) - 1)
+            first, last = ends
         else:
             out = _output_rows(rows, outputs)
             ends = (int(out.argmin()), int(out.argmax()))
