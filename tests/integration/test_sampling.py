@@ -345,7 +345,8 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
     """A decode's rows, each one token with its output, read all and in order (every tick of
     plain decoding): the gather takes them as slices of llama.cpp's buffer, with no output
     index computed (its numpy costs ~110 us right after a decode), and each row holds what
-    llama.cpp's per-row accessors give, tick after tick."""
+    llama.cpp's per-row accessors give, tick after tick, also beside a prompt chunk whose last
+    token has the output (a conversation's turn joining the decodes)."""
     import llama_cpp as ll
 
     from uma_serve.core.runtime import candidates as cand
@@ -356,14 +357,28 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
 
     n_seq = BULK_ROWS + 3
     rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
+    looked_up: list[int] = []
+    real_ith = cand._candidates_ith
+
+    def counted(ctx, row):
+        looked_up.append(row)
+        return real_ith(ctx, row)
+
     real, cand._output_rows = cand._output_rows, no_index
+    cand._candidates_ith = counted
     try:
-        for tick in range(3):
-            spans = [Span(s, tick, [100 + 7 * s + tick], True) for s in range(n_seq)]
+        ends = [0] * n_seq
+        for tick in range(4):
+            spans = [Span(s, ends[s], [100 + 7 * s + tick], True) for s in range(n_seq)]
+            if tick == 3:  # a turn that re-sends its history: a prompt chunk, its last row out
+                spans[2] = Span(2, ends[2], [60 + j for j in range(5)], True)
             rc, rows = rt.decode(spans)
-            assert rc == 0 and rows == list(range(n_seq))
+            assert rc == 0 and rows == [i + 4 * (tick == 3 and i > 1) for i in range(n_seq)]
             rt.synchronize()
+            ends = [sp.pos + len(sp.tokens) for sp in spans]
+            looked_up.clear()
             ids, logits = (a.copy() for a in rt.candidates(rows))
+            assert looked_up == [rows[0], rows[-1]]  # one gather, not row by row
             for i, row in enumerate(rows):
                 theirs_ids = np.ctypeslib.as_array(
                     ll.llama_get_sampled_candidates_ith(rt.ctx, row), (64,)
@@ -371,7 +386,7 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
                 theirs = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(rt.ctx, row), (64,))
                 assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), (tick, row)
     finally:
-        cand._output_rows = real
+        cand._output_rows, cand._candidates_ith = real, real_ith
         rt.close()
 
 
