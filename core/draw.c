@@ -5,7 +5,8 @@
    order), cut by top-k, min-p and top-p, and drawn once along the sorted row with its own
    uniform. On an H100's host each numpy call costs ~5-10 us right after the device's wait,
    and a tick's draw made ~10 of them a row (16 rows: 255-342 us a tick); here a row costs
-   well under a microsecond. Plain C, no Python.h: loaded with ctypes. */
+   well under a microsecond. A wide row (a grammar's 16,384 device candidates) sorts only its
+   top-k. Plain C, no Python.h: loaded with ctypes. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -68,17 +69,63 @@ static int64_t greedy(const void *ids, int ids64, const float *lg, int64_t width
     return best;
 }
 
+/* A heap of the ``n`` best candidates met so far, its worst at the root (``before`` orders it). */
+static void sift_down(cand_t *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n)
+            return;
+        if (c + 1 < n && before(h[c], h[c + 1]))
+            c++;
+        if (!before(h[i], h[c]))
+            return;
+        cand_t x = h[i];
+        h[i] = h[c];
+        h[c] = x;
+        i = c;
+    }
+}
+
+/* The row's best ``k`` sorted into ``a`` (all of it where ``k`` is most of it); how many. A row
+   much wider than its top-k (a grammar's 16,384 device candidates against a top-k of 40) keeps
+   its best in a heap of ``k``, in one pass, rather than sorting it all; ties fall as in the
+   whole row sorted (``before`` orders both). */
+static int64_t sort_best(const float *lg, int64_t width, int64_t k, cand_t *a, cand_t *tmp) {
+    if (k < 1 || k >= width / 4) {
+        for (int64_t i = 0; i < width; i++)
+            a[i] = (cand_t){lg[i], (int32_t)i};
+        sort_desc(a, tmp, width);
+        return width;
+    }
+    for (int64_t i = 0; i < k; i++)
+        a[i] = (cand_t){lg[i], (int32_t)i};
+    for (int64_t i = k / 2 - 1; i >= 0; i--)
+        sift_down(a, k, i);
+    float worst = a[0].logit;
+    for (int64_t i = k; i < width; i++) {
+        if (lg[i] < worst) /* most of a wide row: below every kept one */
+            continue;
+        cand_t c = {lg[i], (int32_t)i};
+        if (before(c, a[0])) {
+            a[0] = c;
+            sift_down(a, k, 0);
+            worst = a[0].logit;
+        }
+    }
+    sort_desc(a, tmp, k);
+    return k;
+}
+
 /* A sampled row's column: sorted, cut by top-k, min-p and top-p, drawn with ``u``. */
 static int64_t sampled(const float *lg, int64_t width, const double *chain, double rest,
                        double u, cand_t *a, cand_t *tmp, double *w) {
     const double top_k = chain[0], log_min_p = chain[1], top_p = chain[2], temp = chain[3];
-    for (int64_t i = 0; i < width; i++)
-        a[i] = (cand_t){lg[i], (int32_t)i};
-    sort_desc(a, tmp, width);
+    int64_t k = top_k < (double)width ? (int64_t)top_k : width;
+    const int64_t sorted = sort_best(lg, width, k, a, tmp);
     const double peak = a[0].logit;
     if (!isfinite(peak)) /* no finite peak (infinite logits): the row's first, as numpy's */
         return a[0].col;
-    int64_t k = top_k < (double)width ? (int64_t)top_k : width;
+    k = k < sorted ? k : sorted;
     int64_t n = 0; /* min-p keeps a prefix of the sorted top-k */
     while (n < k && (double)a[n].logit - peak >= log_min_p)
         n++;
@@ -112,6 +159,11 @@ static int64_t sampled(const float *lg, int64_t width, const double *chain, doub
     return a[pick].col;
 }
 
+/* draw's working arrays, per thread (each engine thread draws its own ticks) */
+static _Thread_local cand_t *scratch_a;
+static _Thread_local double *scratch_w;
+static _Thread_local int64_t scratch_width;
+
 /* Each of ``rows`` rows of ``width`` candidates (ids int32, or int64 with ``ids64``; float32
    logits; both C-contiguous) to its token in ``tokens``: ``chains`` holds four numbers a row
    (top-k as a width, log min-p, top-p, temperature: <= 0 greedy), ``rests`` each row's other
@@ -120,13 +172,18 @@ static int64_t sampled(const float *lg, int64_t width, const double *chain, doub
 int uma_draw(int64_t rows, int64_t width, const void *ids, int ids64, const float *logits,
              const double *chains, const double *rests, const double *uniforms,
              int64_t *tokens) {
-    cand_t *a = malloc((size_t)width * 2 * sizeof *a);
-    double *w = malloc((size_t)width * sizeof *w);
-    if (!a || !w) {
-        free(a);
-        free(w);
-        return -1;
+    if (width > scratch_width) { /* kept between calls: a wide row's 384 KB, mapped anew
+                                    by each malloc, cost more than its draw */
+        free(scratch_a);
+        free(scratch_w);
+        scratch_a = malloc((size_t)width * 2 * sizeof *scratch_a);
+        scratch_w = malloc((size_t)width * sizeof *scratch_w);
+        scratch_width = scratch_a && scratch_w ? width : 0;
+        if (!scratch_width)
+            return -1;
     }
+    cand_t *a = scratch_a;
+    double *w = scratch_w;
     for (int64_t r = 0; r < rows; r++) {
         const float *lg = logits + r * width;
         const void *row_ids = ids64 ? (const void *)((const int64_t *)ids + r * width)
@@ -144,7 +201,5 @@ int uma_draw(int64_t rows, int64_t width, const void *ids, int ids64, const floa
             tokens[r] = id_at(row_ids, ids64, col);
         }
     }
-    free(a);
-    free(w);
     return 0;
 }

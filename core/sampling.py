@@ -110,19 +110,6 @@ class SamplerState:
             vals -= counts * prm.frequency_penalty + prm.presence_penalty
             row[ids] = vals
 
-    def cut_candidates(self, cands: Candidates) -> Candidates:
-        """The chain's top-k of a row's device candidates (the draw does the rest)."""
-        peak = float(cands.logits.max())
-        if peak != peak:  # a NaN: the draw orders it
-            return cands
-        if self.p.temperature <= 0.0:  # the largest logit's tokens: the draw takes the lowest id
-            keep = np.flatnonzero(cands.logits >= peak)
-        elif 0 < self.p.top_k < len(cands.logits):
-            keep = top_k_ids(cands.logits, self.p.top_k, peak)
-        else:
-            return cands
-        return Candidates(cands.ids[keep], cands.logits[keep])
-
     def cut(self, row: np.ndarray) -> Candidates:
         """The prepared row's candidates: what the chain's truncations can keep."""
         prm = self.p
@@ -315,9 +302,9 @@ class Sampler:
                 r.state.prepare(row)
                 cut = r.state.cut(row)
                 host.setdefault(len(cut.ids) == len(row), []).append((i, cut))
-            elif r.state.device_k != self.device_k:  # a grammar's wider top-k
+            elif r.state.device_k != self.device_k:  # a grammar's wider top-k, drawn whole
                 wide[i] = Candidates(*self.runtime.wide_candidates(r.row, r.state.device_k))
-                host.setdefault(False, []).append((i, r.state.cut_candidates(wide[i])))
+                host.setdefault(False, []).append((i, wide[i]))
         for whole, group in host.items():
             states = [rows[i].state for i, _ in group]
             picks = draw(states, *stack([c for _, c in group]), by_id=whole)

@@ -22,6 +22,9 @@ class DecodeBatch:
         np.ctypeslib.as_array(self.batch.n_seq_id, shape=(n,))[:] = 1
         self.pad_id = pad_id
         self.n_outputs = 0  # rows with an output in the last fill
+        # every row of the last fill has an output (a tick of decodes alone): a row's place
+        # among the outputs is the row itself
+        self.dense = False
 
     def fill(self, spans: list[Span]) -> tuple[list[int], bool]:
         """The spans' tokens, in order: each span's first logits row (-1: none; a span with
@@ -52,7 +55,7 @@ class DecodeBatch:
             self._seq_ptrs[1][0] = self.pad_id
             i = 2
             n_outputs += 1
-        self.batch.n_tokens, self.n_outputs = i, n_outputs
+        self.batch.n_tokens, self.n_outputs, self.dense = i, n_outputs, n_outputs == i
         return rows, padded
 
     def free(self) -> None:

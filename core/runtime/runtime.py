@@ -348,7 +348,8 @@ class Runtime(KvMemory):
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
         unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
         call."""
-        return self._candidates.read(self.ctx, rows, self._batch.logits, self._batch.n_outputs)
+        batch = self._batch
+        return self._candidates.read(self.ctx, rows, batch.logits, batch.n_outputs, batch.dense)
 
     @landed
     def graph_reuses(self) -> int:
@@ -360,7 +361,9 @@ class Runtime(KvMemory):
     def wide_candidates(self, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The device top-k of a row whose chain hands over ``k`` (however wide), copied."""
         batch = self._batch
-        return self._candidates.read_all(self.ctx, row, k, batch.logits, batch.n_outputs)
+        return self._candidates.read_all(
+            self.ctx, row, k, batch.logits, batch.n_outputs, batch.dense
+        )
 
     @landed
     def set_device_chain(self, seq_id: int, k: int, draw: DeviceDraw | None = None) -> None:

@@ -390,6 +390,63 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
         rt.close()
 
 
+def test_a_tick_of_decodes_alone_reads_any_of_its_rows_with_no_output_index() -> None:
+    """A tick of decodes alone has an output at every batch row, so a row's place among the
+    outputs is the row itself: a part of its rows (a grammar's row read apart, wider) is read
+    with no output index computed (a numpy call costs ~50 us right after a decode), and holds
+    what llama.cpp's accessors give; beside a prompt chunk the indices are computed."""
+    import llama_cpp as ll
+
+    from uma_serve.core.runtime import candidates as cand
+    from uma_serve.core.runtime.candidates import BULK_ROWS
+
+    computed: list[int] = []
+    real = cand._output_rows
+
+    def indexed(rows, outputs):
+        if not chunk:
+            raise AssertionError("the rows' output indices were computed")
+        computed.append(len(rows))
+        return real(rows, outputs)
+
+    n_seq, wide_k = BULK_ROWS + 3, 1024
+    wide = n_seq - 1  # a grammar's sequence: a wider device top-k, read apart
+    rt = Runtime(RuntimeParams(default_model_path(), n_ctx=2048, n_seq=n_seq, device_top_k=64))
+    cand._output_rows = indexed
+    try:
+        rt.set_device_chain(wide, wide_k)
+        ends = [0] * n_seq
+        for tick in range(4):
+            chunk = tick == 2
+            spans = [Span(s, ends[s], [100 + 7 * s + tick], True) for s in range(n_seq)]
+            if chunk:  # a conversation's turn: a prompt chunk among the decodes
+                spans[0] = Span(0, ends[0], [60 + j for j in range(5)], True)
+            rc, rows = rt.decode(spans)
+            assert rc == 0 and rt.synchronize() == 0
+            ends = [sp.pos + len(sp.tokens) for sp in spans]
+            part = [rows[s] for s in range(wide) if s != 1]  # a gather, not every row
+            for some in (part, part[:3]):  # a gather; row by row
+                ids, logits = (a.copy() for a in rt.candidates(some))
+                for i, row in enumerate(some):
+                    assert (ids[i] == _theirs(ll, rt, row, 64, ids=True)).all(), (tick, row)
+                    assert (logits[i] == _theirs(ll, rt, row, 64)).all(), (tick, row)
+            ids, logits = rt.wide_candidates(rows[wide], wide_k)
+            assert (ids == _theirs(ll, rt, rows[wide], wide_k, ids=True)).all()
+            assert (logits == _theirs(ll, rt, rows[wide], wide_k)).all()
+            assert bool(computed) == chunk, tick
+            computed.clear()
+    finally:
+        cand._output_rows = real
+        rt.close()
+
+
+def _theirs(ll, rt: Runtime, row: int, k: int, ids: bool = False) -> np.ndarray:
+    """A row's device candidates (ids, else logits) through llama.cpp's own accessors."""
+    assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, row) == k
+    get = ll.llama_get_sampled_candidates_ith if ids else ll.llama_get_sampled_logits_ith
+    return np.ctypeslib.as_array(get(rt.ctx, row), (k,)).copy()
+
+
 def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
     """A request that needs its whole logits row (a grammar, penalties, logprobs) has its
     sequence's device top-k detached. Its row must be the model's whole row, as a runtime

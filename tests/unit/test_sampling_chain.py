@@ -11,7 +11,7 @@ from host_row import only
 
 from uma_serve.core.draw import Candidates, draw, stack
 from uma_serve.core.protocol import Sampling
-from uma_serve.core.sampling import UNIFORM_BATCH, SamplerState, needs_full_row
+from uma_serve.core.sampling import GRAMMAR_TOP_K, UNIFORM_BATCH, SamplerState, needs_full_row
 
 K = 64
 PARAMS = [
@@ -256,17 +256,22 @@ def _plain_draw(ids: np.ndarray, logits: np.ndarray, chain: tuple, u: float, res
 
 def test_the_sorted_draw_is_the_plain_chains_arithmetic() -> None:
     """draw.c against the chain written with numpy, row by row and together: ties (in column
-    order, not by id), -0 beside +0, -inf padding, every step of the chain, rest mass."""
+    order, not by id), -0 beside +0, -inf padding, every step of the chain, rest mass; rows of
+    the device's 64 candidates and as wide as a grammar's (GRAMMAR_TOP_K), whose top-k draw.c
+    keeps in a heap rather than sorting the row (so does a top-k under a quarter of 64)."""
     rng = np.random.default_rng(0)
     chains = [(math.inf, -math.inf, 1.0, 0.8), (40, math.log(0.05), 0.95, 0.8),
               (10, -math.inf, 1.0, 0.5), (math.inf, math.log(0.2), 0.9, 1.3),
               (1, -math.inf, 1.0, 1.0), (64, -math.inf, 0.5, 2.0)]  # fmt: skip
-    for rows in (1, 3, 16):
-        for _ in range(40):
-            ids = np.stack([rng.permutation(262_144)[:K] for _ in range(rows)]).astype(np.int32)
-            x = (rng.standard_normal((rows, K)) * 2).astype(np.float32)
-            x[rng.random((rows, K)) < 0.3] = np.float32(1.5)  # ties
-            x[:, 5], x[:, 6], x[:, K - 3 :] = -0.0, 0.0, -np.inf
+    for width, rows, times in ((K, 1, 40), (K, 3, 40), (K, 16, 40), (GRAMMAR_TOP_K, 2, 12)):
+        for _ in range(times):
+            ids = np.stack([rng.permutation(262_144)[:width] for _ in range(rows)])
+            ids = ids.astype(np.int32)
+            x = (rng.standard_normal((rows, width)) * 2).astype(np.float32)
+            x[rng.random((rows, width)) < 0.3] = np.float32(1.5)  # ties
+            peaks = rng.random((rows, width)) < 20 / width
+            x = np.where(peaks, x.max(axis=1, keepdims=True), x)  # ties at the peak
+            x[:, 5], x[:, 6], x[:, width - 3 :] = -0.0, 0.0, -np.inf
             picked = [chains[i] for i in rng.integers(len(chains), size=rows)]
             us, rest = rng.random(rows).tolist(), rng.random(rows) * 3
             got = draw([_Fixed(c, [u]) for c, u in zip(picked, us, strict=True)], ids, x, rest)
