@@ -159,10 +159,11 @@ static int64_t sampled(const float *lg, int64_t width, const double *chain, doub
     return a[pick].col;
 }
 
-/* draw's working arrays, per thread (each engine thread draws its own ticks) */
-static _Thread_local cand_t *scratch_a;
-static _Thread_local double *scratch_w;
-static _Thread_local int64_t scratch_width;
+/* draw's working arrays, kept: every call holds Python's GIL (draw.py loads this library as a
+   PyDLL), so one set serves every thread */
+static cand_t *scratch_a;
+static double *scratch_w;
+static int64_t scratch_width;
 
 /* Each of ``rows`` rows of ``width`` candidates (ids int32, or int64 with ``ids64``; float32
    logits; both C-contiguous) to its token in ``tokens``: ``chains`` holds four numbers a row
