@@ -24,6 +24,7 @@ from typing import NamedTuple
 import llama_cpp as ll
 import numpy as np
 
+from uma_serve.core.runtime.batch import DecodeBatch
 from uma_serve.core.runtime.gil import held, memmove
 
 # rows from which candidates are read as one gather: row by row costs ~2 us a row, the
@@ -53,31 +54,24 @@ class DeviceCandidates:
         self._offsets: dict[tuple[int, int], int] = {}
 
     def read(
-        self,
-        ctx: ll.llama_context_p,
-        rows: list[int],
-        outputs: np.ndarray,
-        n_outputs: int,
-        dense: bool = False,
+        self, ctx: ll.llama_context_p, rows: list[int], batch: DecodeBatch
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The top-k of batch ``rows`` as (rows, k) arrays of token ids and their logits,
-        unsorted (a row with fewer than k candidates is padded with logit -inf); ``outputs``:
-        the batch's logits flags (which rows have an output), ``n_outputs`` how many;
-        ``dense``: every batch row has one (a row's place among the outputs is itself)."""
-        k = self.k
+        """The top-k of ``batch``'s ``rows`` as (rows, k) arrays of token ids and their
+        logits, unsorted (a row with fewer than k candidates is padded with logit -inf)."""
+        k, n_outputs = self.k, batch.n_outputs
         if self._ids.shape[0] < len(rows):
             self._ids = np.zeros((len(rows), k), dtype=np.int32)
             self._logits = np.zeros((len(rows), k), dtype=np.float32)
         ids, logits = self._ids[: len(rows)], self._logits[: len(rows)]
         # each row's place among the outputs: in order, when every output row is read
         every = n_outputs == len(rows) and rows == sorted(rows)
-        bulk = self.buffers(ctx, rows, outputs, n_outputs, every, dense)
+        bulk = self.buffers(ctx, rows, batch.logits, n_outputs, every, batch.dense)
         if bulk is not None:
             all_ids, all_logits, out = bulk
             ids[:], logits[:] = all_ids[out, :k], all_logits[out, :k]
             return ids, logits
         ids_at, logits_at, size = ids.ctypes.data, logits.ctypes.data, k * 4
-        places = range(len(rows)) if every else _places(rows, outputs, dense)
+        places = range(len(rows)) if every else _places(rows, batch)
         for r, row in enumerate(rows):
             src_ids, src_logits, n = self._source(ctx, row, places[r], n_outputs, k)
             memmove(ids_at + r * size, src_ids, n * 4)
@@ -87,20 +81,15 @@ class DeviceCandidates:
         return ids, logits
 
     def read_all(
-        self,
-        ctx: ll.llama_context_p,
-        row: int,
-        k: int,
-        outputs: np.ndarray,
-        n_outputs: int,
-        dense: bool = False,
+        self, ctx: ll.llama_context_p, row: int, k: int, batch: DecodeBatch
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` candidates of one row whose sequence's top-k is ``k`` (a wider one than
         the others'), copied: token ids and their logits, unsorted. Its logits lie at the
         learned distance from its candidates, as ``read``'s rows' do (a vocabulary smaller
         than ``k``: all of it)."""
-        (place,) = _places([row], outputs, dense)
-        src_ids, src_logits, n = self._source(ctx, row, place, n_outputs, min(k, self.n_vocab))
+        (place,) = _places([row], batch)
+        k = min(k, self.n_vocab)
+        src_ids, src_logits, n = self._source(ctx, row, place, batch.n_outputs, k)
         ids, logits = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.float32)
         memmove(ids.ctypes.data, src_ids, n * 4)
         memmove(logits.ctypes.data, src_logits, n * 4)
@@ -133,7 +122,8 @@ class DeviceCandidates:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | slice] | None:
         """Views on llama.cpp's candidate buffers as (outputs, n_vocab) arrays and the rows'
         output indices (a slice when ``every``: the rows are all the outputs, in order; their
-        numpy form costs ~110 us right after a decode, 16 rows on the 2-core CPU); None for
+        numpy form costs ~110 us right after a decode, 16 rows on the 2-core CPU; the rows
+        themselves when ``dense``: every batch row has an output); None for
         fewer than BULK_ROWS rows, or unless both ends of ``rows`` are where that layout
         puts them."""
         if len(rows) < BULK_ROWS:
@@ -175,10 +165,10 @@ class DeviceCandidates:
         return offset
 
 
-def _places(rows: list[int], outputs: np.ndarray, dense: bool) -> list[int]:
-    """Each batch row's place among the outputs, as a list (``dense``: the rows themselves,
-    with no numpy call: right after a decode one costs ~50 us on the 2-core CPU)."""
-    return rows if dense else _output_rows(rows, outputs).tolist()
+def _places(rows: list[int], batch: DecodeBatch) -> list[int]:
+    """Each batch row's place among the outputs, as a list (a dense batch's: the rows
+    themselves, with no numpy call: right after a decode one costs ~50 us on the 2-core CPU)."""
+    return rows if batch.dense else _output_rows(rows, batch.logits).tolist()
 
 
 def _output_rows(rows: list[int], outputs: np.ndarray) -> np.ndarray:

@@ -348,8 +348,7 @@ class Runtime(KvMemory):
         """The device top-k of batch rows as (rows, k) arrays of token ids and their logits,
         unsorted, padded with logit -inf (core/runtime/candidates.py): valid until the next
         call."""
-        batch = self._batch
-        return self._candidates.read(self.ctx, rows, batch.logits, batch.n_outputs, batch.dense)
+        return self._candidates.read(self.ctx, rows, self._batch)
 
     @landed
     def graph_reuses(self) -> int:
@@ -360,10 +359,7 @@ class Runtime(KvMemory):
     @landed
     def wide_candidates(self, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The device top-k of a row whose chain hands over ``k`` (however wide), copied."""
-        batch = self._batch
-        return self._candidates.read_all(
-            self.ctx, row, k, batch.logits, batch.n_outputs, batch.dense
-        )
+        return self._candidates.read_all(self.ctx, row, k, self._batch)
 
     @landed
     def set_device_chain(self, seq_id: int, k: int, draw: DeviceDraw | None = None) -> None:
