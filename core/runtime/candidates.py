@@ -65,7 +65,7 @@ class DeviceCandidates:
         ids, logits = self._ids[: len(rows)], self._logits[: len(rows)]
         # each row's place among the outputs: in order, when every output row is read
         every = n_outputs == len(rows) and rows == sorted(rows)
-        bulk = self.buffers(ctx, rows, batch.logits, n_outputs, every, batch.dense)
+        bulk = self.buffers(ctx, rows, batch, every)
         if bulk is not None:
             all_ids, all_logits, out = bulk
             ids[:], logits[:] = all_ids[out, :k], all_logits[out, :k]
@@ -112,20 +112,13 @@ class DeviceCandidates:
         return src_ids, src_logits, n
 
     def buffers(
-        self,
-        ctx: ll.llama_context_p,
-        rows: list[int],
-        outputs: np.ndarray,
-        n_outputs: int,
-        every: bool = False,
-        dense: bool = False,
+        self, ctx: ll.llama_context_p, rows: list[int], batch: DecodeBatch, every: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | slice] | None:
         """Views on llama.cpp's candidate buffers as (outputs, n_vocab) arrays and the rows'
         output indices (a slice when ``every``: the rows are all the outputs, in order; their
         numpy form costs ~110 us right after a decode, 16 rows on the 2-core CPU; the rows
-        themselves when ``dense``: every batch row has an output); None for
-        fewer than BULK_ROWS rows, or unless both ends of ``rows`` are where that layout
-        puts them."""
+        themselves in a dense batch, every row of which has an output); None for fewer than
+        BULK_ROWS rows, or unless both ends of ``rows`` are where that layout puts them."""
         if len(rows) < BULK_ROWS:
             return None
         out: np.ndarray | slice
@@ -133,14 +126,14 @@ class DeviceCandidates:
             out, ends = slice(0, len(rows)), (0, len(rows) - 1)
             first, last = ends
         else:
-            out = np.asarray(rows) if dense else _output_rows(rows, outputs)
+            out = np.asarray(rows) if batch.dense else _output_rows(rows, batch.logits)
             ends = (int(out.argmin()), int(out.argmax()))
             first, last = (int(out[end]) for end in ends)
         stride = self.n_vocab * 4
         ids0, ids1 = (_candidates_ith(ctx, rows[end]) or 0 for end in ends)
         if not ids0 or ids1 - ids0 != (last - first) * stride:
             return None
-        key = (n_outputs, ids0 - first * stride)
+        key = (batch.n_outputs, ids0 - first * stride)
         offset = self._offsets.get(key)
         if offset is None:  # a layout not met yet: both ends through the accessors
             if any(_count_ith(ctx, rows[end]) != self.k for end in ends):

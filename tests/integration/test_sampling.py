@@ -301,8 +301,7 @@ def test_device_candidates_of_many_rows_read_at_once_equal_row_by_row() -> None:
             wanted = [r for r in rows if r >= 0] + [rows[3] + j for j in (n_out - 1, n_out - 2)]
             assert len(wanted) >= BULK_ROWS
             assert (
-                rt._candidates.buffers(rt.ctx, wanted, rt._batch.logits, rt._batch.n_outputs)
-                is not None
+                rt._candidates.buffers(rt.ctx, wanted, rt._batch) is not None
             )  # the gather, not the fallback
             views.append(rt._candidates._views[0])
             few = [wanted[0], wanted[-1], wanted[4]]  # read row by row
