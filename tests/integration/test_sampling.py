@@ -346,7 +346,6 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
     index computed (its numpy costs ~110 us right after a decode), and each row holds what
     llama.cpp's per-row accessors give, tick after tick, also beside a prompt chunk whose last
     token has the output (a conversation's turn joining the decodes)."""
-    import llama_cpp as ll
 
     from uma_serve.core.runtime import candidates as cand
     from uma_serve.core.runtime.candidates import BULK_ROWS
@@ -379,10 +378,7 @@ def test_a_decode_s_every_row_read_in_order_is_one_gather_by_slices() -> None:
             ids, logits = (a.copy() for a in rt.candidates(rows))
             assert looked_up == [rows[0], rows[-1]]  # one gather, not row by row
             for i, row in enumerate(rows):
-                theirs_ids = np.ctypeslib.as_array(
-                    ll.llama_get_sampled_candidates_ith(rt.ctx, row), (64,)
-                )
-                theirs = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(rt.ctx, row), (64,))
+                theirs_ids, theirs = _theirs(rt, row, 64)
                 assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), (tick, row)
     finally:
         cand._output_rows, cand._candidates_ith = real, real_ith
@@ -427,11 +423,13 @@ def test_a_tick_of_decodes_alone_reads_any_of_its_rows_with_no_output_index() ->
             for some in (part, part[:3]):  # a gather; row by row
                 ids, logits = (a.copy() for a in rt.candidates(some))
                 for i, row in enumerate(some):
-                    assert (ids[i] == _theirs(ll, rt, row, 64, ids=True)).all(), (tick, row)
-                    assert (logits[i] == _theirs(ll, rt, row, 64)).all(), (tick, row)
+                    assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, row) == 64
+                    theirs_ids, theirs = _theirs(rt, row, 64)
+                    assert (ids[i] == theirs_ids).all() and (logits[i] == theirs).all(), (tick, row)
+            assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, rows[wide]) == wide_k
             ids, logits = rt.wide_candidates(rows[wide], wide_k)
-            assert (ids == _theirs(ll, rt, rows[wide], wide_k, ids=True)).all()
-            assert (logits == _theirs(ll, rt, rows[wide], wide_k)).all()
+            theirs_ids, theirs = _theirs(rt, rows[wide], wide_k)
+            assert (ids == theirs_ids).all() and (logits == theirs).all()
             assert bool(computed) == chunk, tick
             computed.clear()
     finally:
@@ -439,11 +437,13 @@ def test_a_tick_of_decodes_alone_reads_any_of_its_rows_with_no_output_index() ->
         rt.close()
 
 
-def _theirs(ll, rt: Runtime, row: int, k: int, ids: bool = False) -> np.ndarray:
-    """A row's device candidates (ids, else logits) through llama.cpp's own accessors."""
-    assert ll.llama_get_sampled_candidates_count_ith(rt.ctx, row) == k
-    get = ll.llama_get_sampled_candidates_ith if ids else ll.llama_get_sampled_logits_ith
-    return np.ctypeslib.as_array(get(rt.ctx, row), (k,)).copy()
+def _theirs(rt: Runtime, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ``k`` device candidates, ids and logits, through llama.cpp's own accessors."""
+    import llama_cpp as ll
+
+    ids = np.ctypeslib.as_array(ll.llama_get_sampled_candidates_ith(rt.ctx, row), (k,))
+    logits = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(rt.ctx, row), (k,))
+    return ids.copy(), logits.copy()
 
 
 def test_a_detached_sequence_hands_over_its_whole_row_and_only_it() -> None:
